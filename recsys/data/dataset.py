@@ -1,0 +1,224 @@
+"""Datasets that turn a prepared sequence table into :class:`SeqBatch` es without Python work per
+sample: the table is held as flat NumPy arrays plus offsets, and a batch is one vectorised gather.
+
+The loaders hand a whole list of indices to ``__getitem__`` (``DataLoader(batch_size=None,
+sampler=BatchSampler(...))``), so collation is the gather itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+
+from recsys.data.batch import SeqBatch
+from recsys.data.sequences import BEHAVIORS, ITEMS, TIMES, TimeBuckets
+from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET
+from recsys.schema import USER
+
+
+def _flat_list(column: pa.ChunkedArray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    array = column.combine_chunks()
+    lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return array.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False), offsets
+
+
+@dataclass
+class SequenceStore:
+    """All users' histories as flat arrays: user ``u``'s events are ``offsets[u]:offsets[u+1]``."""
+
+    user_id: pl.Series
+    offsets: np.ndarray  # (U+1,) int64
+    item: np.ndarray  # (N,) int64
+    behavior: np.ndarray  # (N,) int64
+    timestamp: np.ndarray  # (N,) int64 Unix seconds
+    train_end: np.ndarray  # (U,) int64, positions
+    val_target: np.ndarray  # (U,) int64, -1 = none
+    test_target: np.ndarray  # (U,) int64, -1 = none
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> SequenceStore:
+        item, offsets = _flat_list(table[ITEMS], np.int64)
+        behavior, _ = _flat_list(table[BEHAVIORS], np.int64)
+        timestamp, _ = _flat_list(table[TIMES], np.int64)
+
+        def scalar(name: str) -> np.ndarray:
+            return table[name].to_numpy().astype(np.int64)
+
+        return cls(
+            user_id=pl.from_arrow(table[USER]),
+            offsets=offsets,
+            item=item,
+            behavior=behavior,
+            timestamp=timestamp,
+            train_end=scalar(TRAIN_END),
+            val_target=scalar(VAL_TARGET),
+            test_target=scalar(TEST_TARGET),
+        )
+
+    @classmethod
+    def from_parquet(cls, path: str | Path) -> SequenceStore:
+        return cls.from_table(pq.read_table(path))
+
+    @classmethod
+    def from_frame(cls, frame: pl.DataFrame) -> SequenceStore:
+        return cls.from_table(frame.to_arrow())
+
+    @property
+    def num_users(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def gather(
+        self,
+        rows: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
+        *,
+        max_seq_len: int,
+        time_buckets: TimeBuckets,
+        targets: str | np.ndarray,
+    ) -> SeqBatch:
+        """Left-padded batch of the flat events ``start[b]:end[b]`` (at most ``max_seq_len``).
+
+        ``targets="next"`` makes every position's target the following event (training);
+        an array of flat indices (-1 = none) gives one target per row (evaluation/scoring).
+        """
+        length = end - start  # (B,)
+        columns = np.arange(max_seq_len)
+        pad = max_seq_len - length
+        mask = columns[None, :] >= pad[:, None]  # (B, T) True = real
+        index = np.where(mask, start[:, None] + columns[None, :] - pad[:, None], 0)  # (B, T)
+        first = self.offsets[rows]  # flat index of each user's first event
+        gap = np.where(
+            index > first[:, None],
+            self.timestamp[index] - self.timestamp[np.maximum(index - 1, 0)],
+            0,
+        )
+        if isinstance(targets, str):
+            target_index = np.where(mask, index + 1, 0)
+            has_target = mask
+        else:
+            target_index = np.maximum(targets, 0)
+            has_target = targets >= 0
+
+        def tensor(values: np.ndarray, where: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.where(where, values, 0).astype(np.int64))
+
+        return SeqBatch(
+            item=tensor(self.item[index], mask),
+            behavior=tensor(self.behavior[index], mask),
+            time_bucket=tensor(time_buckets(gap), mask),
+            padding_mask=torch.from_numpy(mask),
+            target_item=tensor(self.item[target_index], has_target),
+            target_behavior=tensor(self.behavior[target_index], has_target),
+            user_index=torch.from_numpy(rows.astype(np.int64)),
+        )
+
+
+class _BatchDataset(Dataset):
+    """Indexed by a *list* of row numbers; returns one :class:`SeqBatch`."""
+
+    def __init__(self, store: SequenceStore, *, max_seq_len: int, time_buckets: TimeBuckets):
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len={max_seq_len} must be >= 1")
+        self.store = store
+        self.max_seq_len = max_seq_len
+        self.time_buckets = time_buckets
+
+
+class TrainWindows(_BatchDataset):
+    """Training windows over every user's training events, all positions trained at once.
+
+    A history of ``n`` training events becomes windows of at most ``max_seq_len + 1`` events,
+    cut from the most recent end with stride ``max_seq_len``, so every training event from the
+    second on is a target exactly once. Example (max_seq_len=3, events e0..e6):
+    windows [e3 e4 e5 e6] and [e0 e1 e2 e3] -> inputs [e3 e4 e5] / [e0 e1 e2].
+    """
+
+    def __init__(self, store: SequenceStore, *, max_seq_len: int, time_buckets: TimeBuckets):
+        super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
+        n = np.minimum(store.train_end, store.lengths)
+        windows = np.where(n >= 2, np.ceil((n - 1) / max_seq_len), 0).astype(np.int64)
+        self.rows = np.repeat(np.arange(store.num_users), windows)
+        # k = 0 is the most recent window of its user
+        k = np.arange(len(self.rows)) - np.repeat(np.cumsum(windows) - windows, windows)
+        local_end = n[self.rows] - k * max_seq_len
+        local_start = np.maximum(local_end - max_seq_len - 1, 0)
+        base = store.offsets[self.rows]
+        self.start, self.end = base + local_start, base + local_end
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, indices: list[int]) -> SeqBatch:
+        i = np.asarray(indices)
+        # inputs are window[:-1]; each input position's target is the next event
+        return self.store.gather(
+            self.rows[i], self.start[i], self.end[i] - 1,
+            max_seq_len=self.max_seq_len, time_buckets=self.time_buckets, targets="next",
+        )
+
+
+class TargetRows(_BatchDataset):
+    """One row per user with a target: the ``max_seq_len`` events before it, and the target.
+
+    ``target_position`` is per user (-1 = none, row skipped). For scoring, pass each user's
+    history length: the row then holds the most recent events and no target.
+    """
+
+    def __init__(
+        self,
+        store: SequenceStore,
+        target_position: np.ndarray,
+        *,
+        max_seq_len: int,
+        time_buckets: TimeBuckets,
+        has_target: bool = True,
+    ):
+        super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
+        self.rows = np.flatnonzero(target_position >= 1)
+        position = target_position[self.rows]
+        base = store.offsets[self.rows]
+        self.end = base + position
+        self.start = base + np.maximum(position - max_seq_len, 0)
+        self.target = self.end if has_target else np.full(len(self.rows), -1)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, indices: list[int]) -> SeqBatch:
+        i = np.asarray(indices)
+        return self.store.gather(
+            self.rows[i], self.start[i], self.end[i],
+            max_seq_len=self.max_seq_len, time_buckets=self.time_buckets, targets=self.target[i],
+        )
+
+
+def batch_loader(
+    dataset: Dataset, *, batch_size: int, shuffle: bool, num_workers: int = 0, seed: int = 0
+) -> DataLoader:
+    """A loader that hands whole index lists to the dataset (its gather is the collate)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    generator = torch.Generator().manual_seed(seed)
+    sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        sampler=BatchSampler(sampler, batch_size=batch_size, drop_last=False),
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )

@@ -1,0 +1,84 @@
+"""Per-user token sequences and the time-gap buckets of their tokens.
+
+A prepared dataset stores **one row per user** (``sequences.parquet``) with the whole
+time-ordered history as list columns plus the split positions of :mod:`recsys.data.split`:
+
+==============  ==================  ==================================================
+column          type                meaning
+==============  ==================  ==================================================
+user_id         raw id              the user's id as in the event log
+item            list[int32]         item index per event (UNK=1 for unseen items)
+behavior        list[int8]          behaviour index per event
+timestamp       list[int64]         Unix seconds per event
+train_end       int32               events before this position are training data
+val_target      int32               position of the validation target, -1 = none
+test_target     int32               position of the test target, -1 = none
+==============  ==================  ==================================================
+
+Lists are read back as flat Arrow buffers plus offsets (:class:`recsys.data.dataset.SequenceStore`),
+never as Python lists per user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET
+from recsys.data.vocab import ITEM_INDEX
+from recsys.schema import TIMESTAMP, USER
+
+ITEMS = "item"
+BEHAVIORS = "behavior"
+TIMES = "timestamp"
+SEQUENCE_COLUMNS = (USER, ITEMS, BEHAVIORS, TIMES, TRAIN_END, VAL_TARGET, TEST_TARGET)
+
+
+@dataclass(frozen=True)
+class TimeBuckets:
+    """ATRank's log2 time-gap buckets with a configurable unit.
+
+    ``bucket = 1 + min(floor(log2(1 + gap / unit_seconds)), num_buckets - 1)``; 0 is PAD.
+    With ``unit_seconds=60``: gaps of 0-59 s -> 1, 60-179 s -> 2, 180-419 s -> 3, ...
+    The gap of a token is measured to the previous event of the same user (0 for the first),
+    which keeps training at every position causal: no token's bucket depends on a later event.
+    """
+
+    unit_seconds: float = 60.0
+    num_buckets: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.unit_seconds > 0:
+            raise ValueError(f"data.time_buckets.unit_seconds={self.unit_seconds} must be > 0")
+        if not 1 <= self.num_buckets <= 64:
+            raise ValueError(
+                f"data.time_buckets.num_buckets={self.num_buckets} must be in [1, 64]"
+            )
+
+    @property
+    def num_embeddings(self) -> int:
+        """Embedding table size: the buckets plus PAD."""
+        return self.num_buckets + 1
+
+    def __call__(self, gap_seconds: np.ndarray) -> np.ndarray:
+        gap_units = np.maximum(gap_seconds, 0) / self.unit_seconds
+        bucket = np.floor(np.log2(1.0 + gap_units)).astype(np.int64)
+        return 1 + np.minimum(bucket, self.num_buckets - 1)
+
+
+def build_sequences(encoded: pl.LazyFrame, positions: pl.LazyFrame) -> pl.LazyFrame:
+    """Aggregate encoded, time-sorted events into one row per user and attach split positions.
+
+    ``encoded`` has ``user_id, item_index, behavior_index, timestamp`` sorted by user and time;
+    ``positions`` has ``user_id, train_end, val_target, test_target``.
+    """
+    lists = encoded.group_by(USER, maintain_order=True).agg(
+        pl.col(ITEM_INDEX).cast(pl.Int32).alias(ITEMS),
+        pl.col("behavior_index").cast(pl.Int8).alias(BEHAVIORS),
+        pl.col(TIMESTAMP).dt.epoch("s").cast(pl.Int64).alias(TIMES),
+    )
+    return lists.join(positions, on=USER, how="left", maintain_order="left").select(
+        SEQUENCE_COLUMNS
+    )

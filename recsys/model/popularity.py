@@ -1,0 +1,34 @@
+"""The popularity baseline: every user gets the items most frequent in the training window."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from recsys.model.outputs import EncoderOutput
+from recsys.schema import NUM_RESERVED
+
+
+class Popularity(nn.Module):
+    """Scores each item by its training-window event count; PAD and UNK are never recommended.
+
+    It follows the encoder interface (``forward`` -> :class:`EncoderOutput`, ``score_items``)
+    so the same ranking and metric code evaluates it.
+    """
+
+    def __init__(self, train_counts: torch.Tensor):
+        super().__init__()
+        scores = train_counts.double().log1p().float().clone()
+        scores[:NUM_RESERVED] = -math.inf
+        self.register_buffer("item_scores", scores)
+
+    def forward(self, item, behavior, time_bucket, padding_mask) -> EncoderOutput:
+        batch = item.shape[0]
+        empty = torch.zeros(batch, 1, device=item.device)
+        return EncoderOutput(hidden=empty[:, :, None], query=empty, padding_mask=padding_mask)
+
+    def score_items(self, query: torch.Tensor) -> torch.Tensor:
+        """Shapes: query (B, D) -> (B, I), the same row for everyone."""
+        return self.item_scores.expand(query.shape[0], -1)

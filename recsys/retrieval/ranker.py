@@ -1,0 +1,70 @@
+"""Two-stage ranking shared by evaluation and scoring.
+
+Stage 1 (retrieval): the candidate-independent user query vector against the item key table,
+``score = q_u · K^T + bias``, over the whole catalogue. Stage 2 (re-rank): target attention —
+each of the top-N candidates attends over the encoded history — orders those N. Items past N
+keep their retrieval order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from recsys.model.outputs import EncoderOutput
+
+
+@dataclass
+class Ranking:
+    """Shapes: ``items`` (B, K) item indices best first, ``scores`` (B, K) the score that
+    ordered them (re-rank score inside the top N, retrieval score after), ``reranked`` (B, K)
+    bool, True where the position was ordered by target attention."""
+
+    items: torch.Tensor
+    scores: torch.Tensor
+    reranked: torch.Tensor
+
+
+def exclude_items(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """Set the scores of ``items`` (B, T), e.g. a user's history, to ``-inf`` (PAD entries are
+    harmless: PAD is never recommended). Returns a new tensor."""
+    return scores.scatter(1, items, -math.inf)
+
+
+def retrieval_scores(
+    model: torch.nn.Module, output: EncoderOutput, *, exclude: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Shapes: -> (B, I). ``exclude`` (B, T) item indices set to ``-inf`` (e.g. seen items)."""
+    scores = model.score_items(output.query)
+    return scores if exclude is None else exclude_items(scores, exclude)
+
+
+def two_stage(
+    model: torch.nn.Module,
+    output: EncoderOutput,
+    *,
+    top_k: int,
+    rerank_top_n: int,
+    exclude: torch.Tensor | None = None,
+) -> Ranking:
+    """Rank ``max(top_k, rerank_top_n)`` items per row; the first ``rerank_top_n`` retrieved
+    are re-ordered by ``model.rerank_scores`` (0 turns stage 2 off)."""
+    if top_k < 1 or rerank_top_n < 0:
+        raise ValueError(f"top_k={top_k} must be >= 1 and rerank_top_n={rerank_top_n} >= 0")
+    scores = retrieval_scores(model, output, exclude=exclude)
+    depth = min(max(top_k, rerank_top_n), scores.shape[1])
+    top_scores, top_items = scores.topk(depth, dim=1)  # (B, depth)
+    reranked = torch.zeros_like(top_items, dtype=torch.bool)
+    n = min(rerank_top_n, depth)
+    if n > 0:
+        head = top_items[:, :n]  # (B, N)
+        head_scores = model.rerank_scores(output, head)
+        # excluded / reserved candidates must stay at the bottom
+        head_scores = torch.where(torch.isneginf(top_scores[:, :n]), -torch.inf, head_scores)
+        order = head_scores.argsort(dim=1, descending=True, stable=True)
+        top_items = torch.cat([head.gather(1, order), top_items[:, n:]], dim=1)
+        top_scores = torch.cat([head_scores.gather(1, order), top_scores[:, n:]], dim=1)
+        reranked[:, :n] = True
+    return Ranking(items=top_items, scores=top_scores, reranked=reranked)

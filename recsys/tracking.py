@@ -1,0 +1,133 @@
+"""Experiment tracking: the one module that imports MLflow.
+
+The store is a local sqlite database with an absolute path by default (MLflow's file store is
+an error in MLflow 3, and Hydra may change the working directory); ``MLFLOW_TRACKING_URI`` or
+``logger.tracking_uri`` points elsewhere. ``logger=none`` turns tracking off: :class:`Tracker`
+then does nothing, and mlflow is never imported (the GPU image has no mlflow).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"model": {"d_model": 64}}`` -> ``{"model.d_model": "64"}`` (lists kept as text)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = str(value)[:MAX_PARAM_LENGTH]
+    return flat
+
+
+class Tracker:
+    """One MLflow run (new, or resumed by ``run_id``), or nothing when ``enabled`` is False."""
+
+    def __init__(
+        self,
+        *,
+        enabled: bool = True,
+        tracking_uri: str | None = None,
+        experiment_name: str = "recsys",
+        artifact_root: str | None = None,
+        run_name: str | None = None,
+        run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ):
+        self.enabled = enabled
+        self.run_id: str | None = None
+        self.tracking_uri = tracking_uri
+        if not enabled:
+            return
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
+        if not self.tracking_uri:
+            raise ValueError("logger.tracking_uri is empty: set it or MLFLOW_TRACKING_URI")
+        if self.tracking_uri.startswith("sqlite:///"):
+            Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(
+                parents=True, exist_ok=True
+            )
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        if run_id:
+            self.run_id = self.client.get_run(run_id).info.run_id
+            self.experiment_id = self.client.get_run(run_id).info.experiment_id
+        else:
+            experiment = self.client.get_experiment_by_name(experiment_name)
+            self.experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else self.client.create_experiment(
+                    experiment_name, artifact_location=artifact_root
+                )
+            )
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags or {}))
+            self.run_id = run.info.run_id
+        log.info("MLflow run %s at %s", self.run_id, self.tracking_uri)
+
+    @classmethod
+    def from_config(cls, logger_cfg: Mapping[str, Any] | None, **overrides: Any) -> Tracker:
+        """Build from the ``logger`` config group (``None`` or ``enabled: false`` = off)."""
+        if not logger_cfg or not logger_cfg.get("enabled", False):
+            return cls(enabled=False)
+        settings = {k: v for k, v in logger_cfg.items() if k != "enabled"}
+        return cls(enabled=True, **{**settings, **overrides})
+
+    def lightning_logger(self):
+        """A Lightning ``MLFlowLogger`` writing into this run (None when disabled)."""
+        if not self.enabled:
+            return None
+        from pytorch_lightning.loggers import MLFlowLogger
+
+        return MLFlowLogger(tracking_uri=self.tracking_uri, run_id=self.run_id)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        if self.enabled:
+            from mlflow.entities import Param
+
+            items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+            for start in range(0, len(items), 100):  # MLflow's batch limit
+                self.client.log_batch(self.run_id, params=items[start : start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self.enabled:
+            for name, value in metrics.items():
+                self.client.log_metric(self.run_id, name, float(value), step=step)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        if self.enabled:
+            for name, value in tags.items():
+                self.client.set_tag(self.run_id, name, str(value))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if self.enabled:
+            path = Path(path)
+            if path.is_dir():
+                self.client.log_artifacts(self.run_id, str(path), artifact_path)
+            else:
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def download_artifacts(self, artifact_path: str, dst: str | Path) -> Path:
+        if not self.enabled:
+            raise ValueError("tracking is off (logger=none): pass a checkpoint path instead")
+        return Path(self.client.download_artifacts(self.run_id, artifact_path, str(dst)))
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self.enabled:
+            self.client.set_terminated(self.run_id, status=status)
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "tracking off"
+        return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {self.tracking_uri})"
