@@ -27,7 +27,7 @@ from recsys.retrieval.ranker import retrieval_scores, two_stage
 from recsys.schema import UNK_IDX
 from recsys.training.metrics import rank_in_list, ranking_metrics, target_ranks
 
-CHECKPOINT_KEY = "recsys"  # extra checkpoint entry: everything needed to rebuild and score
+from recsys.checkpoint import CHECKPOINT_KEY
 
 
 class SeqRecModule(pl.LightningModule):

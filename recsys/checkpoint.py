@@ -1,0 +1,89 @@
+"""Checkpoints that rebuild themselves: encoder class and arguments, weights, vocabulary, data
+schema and time-bucket settings travel together, and load with ``torch.load(weights_only=True)``
+(no arbitrary unpickling).
+
+A Lightning checkpoint written by :class:`recsys.training.module.SeqRecModule` carries all of
+it under the ``"recsys"`` key.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from recsys.data.sequences import TimeBuckets
+from recsys.data.vocab import Vocab
+from recsys.schema import EventSchema
+
+CHECKPOINT_KEY = "recsys"
+ALLOWED_PACKAGE = "recsys.model."  # checkpoints may only name encoder classes from here
+
+
+@dataclass
+class LoadedModel:
+    encoder: nn.Module
+    vocab: Vocab
+    schema: EventSchema
+    time_buckets: TimeBuckets
+    max_seq_len: int
+    path: Path
+
+
+def checkpoint_extra(
+    *, vocab: Vocab, schema: EventSchema, time_buckets: TimeBuckets, max_seq_len: int,
+    data_fingerprint: str,
+) -> dict:
+    """What a checkpoint needs besides the encoder to score a fresh log (plain values only)."""
+    return {
+        "vocab": vocab.to_plain(),
+        "schema": schema.to_dict(),
+        "time_buckets": {
+            "unit_seconds": time_buckets.unit_seconds, "num_buckets": time_buckets.num_buckets,
+        },
+        "max_seq_len": max_seq_len,
+        "data_fingerprint": data_fingerprint,
+    }
+
+
+def _encoder_class(target: str) -> type[nn.Module]:
+    if not target.startswith(ALLOWED_PACKAGE):
+        raise ValueError(
+            f"checkpoint names encoder class {target!r}; only classes under "
+            f"{ALLOWED_PACKAGE.rstrip('.')} are loaded"
+        )
+    module_name, _, class_name = target.rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> LoadedModel:
+    """Rebuild the encoder (in eval mode) and its vocabulary from a recsys checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    if CHECKPOINT_KEY not in checkpoint:
+        raise ValueError(
+            f"{path} is not a recsys checkpoint (no {CHECKPOINT_KEY!r} entry): "
+            "use a checkpoint written by the train task"
+        )
+    meta = checkpoint[CHECKPOINT_KEY]
+    encoder = _encoder_class(meta["encoder_target"])(**meta["encoder_config"])
+    prefix = "encoder."
+    state = {
+        k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items()
+        if k.startswith(prefix)
+    }
+    encoder.load_state_dict(state)
+    encoder.eval()
+    return LoadedModel(
+        encoder=encoder,
+        vocab=Vocab.from_plain(meta["vocab"]),
+        schema=EventSchema.from_dict(meta["schema"]),
+        time_buckets=TimeBuckets(**meta["time_buckets"]),
+        max_seq_len=int(meta["max_seq_len"]),
+        path=path,
+    )
