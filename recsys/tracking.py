@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,19 @@ class Tracker:
         if not self.enabled:
             return "tracking off"
         return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {self.tracking_uri})"
+
+
+@contextmanager
+def use_tracker(tracker: Tracker | None, logger_cfg: Mapping[str, Any] | None, **kwargs: Any):
+    """Yield ``tracker``, or a new one from ``logger_cfg`` that is closed (FINISHED / FAILED)
+    on exit; a tracker passed in belongs to the caller and stays open."""
+    if tracker is not None:
+        yield tracker
+        return
+    tracker = Tracker.from_config(logger_cfg, **kwargs)
+    try:
+        yield tracker
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    tracker.finish()

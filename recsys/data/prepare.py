@@ -16,6 +16,7 @@ import logging
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import polars as pl
@@ -34,7 +35,7 @@ from recsys.data.split import (
 )
 from recsys.data.validate import check_events, normalize
 from recsys.data.vocab import Vocab
-from recsys.schema import EVENT_TYPE, UNK_IDX, USER, EventSchema
+from recsys.schema import EVENT_TYPE, TIMESTAMP, UNK_IDX, USER, EventSchema
 
 log = logging.getLogger(__name__)
 
@@ -195,3 +196,25 @@ def load_stats(folder: str | Path) -> dict:
         raise FileNotFoundError(f"{path} not found: run the prepare step first")
     return json.loads(path.read_text())
 
+
+
+def scoring_sequences(
+    events: pl.DataFrame, *, vocab: Vocab, as_of: datetime | None = None
+) -> pl.DataFrame:
+    """Each user's whole history up to and including ``as_of`` (default: everything), encoded
+    with a *saved* vocabulary (never refitted: unseen items become UNK), as a sequence table
+    without targets."""
+    lf = events.lazy()
+    if as_of is not None:
+        lf = lf.filter(pl.col(TIMESTAMP) <= as_of)
+    lf = lf.pipe(transforms.dedupe).pipe(transforms.sort_events)
+    encoded = vocab.encode(lf, behavior_column=EVENT_TYPE)
+    positions = lf.group_by(USER, maintain_order=True).agg(
+        pl.len().cast(pl.Int32).alias(TRAIN_END),
+        pl.lit(-1, dtype=pl.Int32).alias(VAL_TARGET),
+        pl.lit(-1, dtype=pl.Int32).alias(TEST_TARGET),
+    )
+    sequences = build_sequences(encoded, positions).collect()
+    if sequences.height == 0:
+        raise ValueError(f"no events at or before as_of={as_of}: nothing to score")
+    return sequences

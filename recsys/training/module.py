@@ -88,6 +88,11 @@ class SeqRecModule(pl.LightningModule):
     def training_step(self, batch: SeqBatch, batch_idx: int) -> torch.Tensor:
         output = self(batch)
         has_target = batch.target_item > UNK_IDX  # (B, T); UNK targets cannot be learned
+        if not getattr(self.encoder, "causal", True):
+            # a non-causal encoder sees position t+1 from position t: only the last position's
+            # target is unseen by every input
+            has_target = has_target & (torch.arange(has_target.shape[1], device=self.device)
+                                       == has_target.shape[1] - 1)
         logits = self.encoder.score_items(output.hidden[has_target])  # (M, I)
         loss = F.cross_entropy(logits.float(), batch.target_item[has_target])
         self.log("train/ce_loss", loss, batch_size=len(batch))

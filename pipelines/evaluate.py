@@ -1,0 +1,19 @@
+"""a checkpoint or MLflow run on the test targets, beside popularity.
+
+    python -m pipelines.evaluate [hydra overrides]
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+import recsys.config  # noqa: F401  (registers the ${abspath:} resolver before Hydra resolves)
+from recsys.tasks import evaluate
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+def entry(cfg: DictConfig):
+    return evaluate.run(cfg)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,19 @@
+"""event log → prepared dataset folder.
+
+    python -m pipelines.prepare [hydra overrides]
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+import recsys.config  # noqa: F401  (registers the ${abspath:} resolver before Hydra resolves)
+from recsys.tasks import prepare
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def entry(cfg: DictConfig):
+    return prepare.run(cfg)
+
+
+if __name__ == "__main__":
+    entry()

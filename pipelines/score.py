@@ -1,0 +1,19 @@
+"""a checkpoint or MLflow run + an event log → recommendations file.
+
+    python -m pipelines.score [hydra overrides]
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+import recsys.config  # noqa: F401  (registers the ${abspath:} resolver before Hydra resolves)
+from recsys.tasks import score
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="score")
+def entry(cfg: DictConfig):
+    return score.run(cfg)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,19 @@
+"""prepared data → trained model (prepares first unless data.prepared_dir is set).
+
+    python -m pipelines.train [hydra overrides]
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+import recsys.config  # noqa: F401  (registers the ${abspath:} resolver before Hydra resolves)
+from recsys.tasks import train
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def entry(cfg: DictConfig):
+    return train.run(cfg)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,70 @@
+"""LightningDataModule over a prepared dataset folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+
+from recsys.data.dataset import SequenceStore, TargetRows, TrainWindows, batch_loader
+from recsys.data.prepare import SEQUENCES_FILE, load_stats
+from recsys.data.sequences import TimeBuckets
+from recsys.data.vocab import Vocab
+
+
+class SeqRecDataModule(pl.LightningDataModule):
+    """Training windows (every position a target) and one evaluation row per user with a
+    validation / test target. Time buckets come from the prepared folder's ``stats.json``."""
+
+    def __init__(
+        self,
+        prepared_dir: str | Path,
+        *,
+        max_seq_len: int,
+        batch_size: int = 128,
+        eval_batch_size: int = 512,
+        num_workers: int = 0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.prepared_dir = Path(prepared_dir)
+        self.stats = load_stats(self.prepared_dir)
+        self.vocab = Vocab.load(self.prepared_dir)
+        self.time_buckets = TimeBuckets(**self.stats["time_buckets"])
+        self.max_seq_len = max_seq_len
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.store: SequenceStore | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.store is None:
+            self.store = SequenceStore.from_parquet(self.prepared_dir / SEQUENCES_FILE)
+
+    def _settings(self) -> dict:
+        return {"max_seq_len": self.max_seq_len, "time_buckets": self.time_buckets}
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        windows = TrainWindows(self.store, **self._settings())
+        return batch_loader(
+            windows, batch_size=self.batch_size, shuffle=True,
+            num_workers=self.num_workers, seed=self.seed,
+        )
+
+    def target_loader(self, split: str) -> DataLoader:
+        """Evaluation rows for ``split`` in {"val", "test"}."""
+        self.setup()
+        positions = {"val": self.store.val_target, "test": self.store.test_target}[split]
+        rows = TargetRows(self.store, positions, **self._settings())
+        return batch_loader(
+            rows, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self.target_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.target_loader("test")

@@ -1,0 +1,286 @@
+"""ATRank encoder (Zhou et al., AAAI 2018, arXiv 1711.06632) with a two-stage scoring head.
+
+Architecture::
+
+    (item, behaviour, time bucket)            left-padded, most recent event at T-1
+      │  BehaviorAwareEmbedding                F_behaviour(item ⊕ category) + time + position
+      │  num_layers × TransformerBlock         self-attention over the history, padding masked
+      ▼  (final LayerNorm when pre-norm)       hidden (B, T, D); query = hidden[:, -1]
+
+    retrieval   score_items:   query · F_target(item ⊕ category)ᵀ + item_bias     all I items
+    re-ranking  rerank_scores: candidate key attends over hidden ("vanilla attention"),
+                               item_bias + Linear(attended) · key                 N candidates
+
+Faithful vs modern. The defaults are the modern encoder: pre-norm blocks, output projection,
+4·D GELU feed-forward, sinusoidal positions, causal attention (every position is trained to
+predict the next event). ATRank's reference code corresponds to::
+
+    ATRank(..., norm_first=False, qkv_activation="relu", output_projection=False,
+           ffn_multiplier=0.25, activation="relu", positional="none", causal=False)
+
+Two deliberate differences from the reference even then: the candidate attention head is one
+single-head attention layer with a linear output (the reference stacks num_layers multi-head
+blocks over the candidate), and every item also gets a candidate-independent user query vector
+so all items can be scored at once before re-ranking.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import nn
+
+from recsys.model.embeddings import POSITIONAL_ENCODINGS, BehaviorAwareEmbedding
+from recsys.model.layers import (
+    FFN_ACTIVATIONS,
+    QKV_ACTIVATIONS,
+    TransformerBlock,
+    _check_bool,
+    _check_choice,
+    _check_dropout,
+    _check_heads,
+    _check_int,
+    attention_mask,
+)
+from recsys.model.outputs import EncoderOutput
+from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
+
+
+class ATRank(nn.Module):
+    """ATRank sequence encoder with full-catalogue scoring and target-attention re-ranking.
+
+    Arguments (keyword only). Sizes that come from the data (``num_items``, ``num_categories``,
+    ``num_behaviors``, ``num_time_buckets``) are vocabulary sizes with PAD=0 and UNK=1 included.
+
+    - ``max_seq_len``: longest history window the model accepts (positional tables are this long).
+    - ``d_model``: model width D; ``num_heads`` must divide it.
+    - ``ffn_multiplier``: feed-forward width = round(d_model * ffn_multiplier); ATRank uses 0.25.
+    - ``item_dim`` / ``category_dim``: widths of the item and category embeddings before F_g.
+      Defaults: ``d_model`` and ``d_model // 2`` (categories are far fewer than items, so a
+      narrower table suffices).
+    - ``positional``: "sinusoidal", "learned" or "none" (ATRank relies on time buckets only).
+    - ``norm_first``: pre-norm (True) or ATRank's post-norm (False) blocks.
+    - ``qkv_activation``: None or "relu" (ATRank); ``output_projection``: ATRank has none.
+    - ``activation``: feed-forward activation, "gelu" or "relu" (ATRank).
+    - ``causal``: position t attends only to positions <= t.
+
+    ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
+    rebuilds the same architecture, and it can be saved next to a ``weights_only`` checkpoint.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_items: int,
+        num_categories: int,
+        num_behaviors: int,
+        num_time_buckets: int,
+        max_seq_len: int,
+        d_model: int = 64,
+        num_heads: int = 2,
+        num_layers: int = 2,
+        ffn_multiplier: float = 4.0,
+        dropout: float = 0.2,
+        item_dim: int | None = None,
+        category_dim: int | None = None,
+        positional: str = "sinusoidal",
+        norm_first: bool = True,
+        qkv_activation: str | None = None,
+        output_projection: bool = True,
+        activation: str = "gelu",
+        causal: bool = True,
+    ) -> None:
+        super().__init__()
+        reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
+        num_items = _check_int("num_items", num_items, minimum=NUM_RESERVED + 1, why=reserved)
+        num_categories = _check_int(
+            "num_categories", num_categories, minimum=NUM_RESERVED, why=reserved
+        )
+        num_behaviors = _check_int(
+            "num_behaviors", num_behaviors, minimum=NUM_RESERVED + 1, why=reserved
+        )
+        num_time_buckets = _check_int(
+            "num_time_buckets", num_time_buckets, minimum=2, why="bucket 0 is PAD"
+        )
+        max_seq_len = _check_int("max_seq_len", max_seq_len)
+        d_model = _check_int("d_model", d_model)
+        num_heads = _check_int("num_heads", num_heads)
+        _check_heads(d_model, num_heads)
+        num_layers = _check_int("num_layers", num_layers)
+        if (
+            isinstance(ffn_multiplier, bool)
+            or not isinstance(ffn_multiplier, numbers.Real)
+            or round(d_model * ffn_multiplier) < 1
+        ):
+            raise ValueError(
+                f"ffn_multiplier={ffn_multiplier!r} gives a feed-forward width of "
+                f"round(d_model={d_model} * ffn_multiplier) < 1: pass a positive number such "
+                f"as 4.0 (modern) or 0.25 (ATRank)"
+            )
+        ffn_multiplier = float(ffn_multiplier)
+        dropout = _check_dropout("dropout", dropout)
+        item_dim = d_model if item_dim is None else _check_int("item_dim", item_dim)
+        category_dim = (
+            max(1, d_model // 2)
+            if category_dim is None
+            else _check_int("category_dim", category_dim)
+        )
+        _check_choice("positional", positional, POSITIONAL_ENCODINGS)
+        norm_first = _check_bool("norm_first", norm_first)
+        _check_choice("qkv_activation", qkv_activation, QKV_ACTIVATIONS)
+        output_projection = _check_bool("output_projection", output_projection)
+        _check_choice("activation", activation, FFN_ACTIVATIONS)
+        causal = _check_bool("causal", causal)
+
+        # Resolved values (item_dim/category_dim filled in) so a checkpoint keeps its shapes even
+        # if the defaults change later.
+        self.config: dict[str, int | float | str | bool | None] = {
+            "num_items": num_items,
+            "num_categories": num_categories,
+            "num_behaviors": num_behaviors,
+            "num_time_buckets": num_time_buckets,
+            "max_seq_len": max_seq_len,
+            "d_model": d_model,
+            "num_heads": num_heads,
+            "num_layers": num_layers,
+            "ffn_multiplier": ffn_multiplier,
+            "dropout": dropout,
+            "item_dim": item_dim,
+            "category_dim": category_dim,
+            "positional": positional,
+            "norm_first": norm_first,
+            "qkv_activation": qkv_activation,
+            "output_projection": output_projection,
+            "activation": activation,
+            "causal": causal,
+        }
+        self.num_items = num_items
+        self.d_model = d_model
+        self.causal = causal
+
+        self.embedding = BehaviorAwareEmbedding(
+            num_items=num_items,
+            num_categories=num_categories,
+            num_behaviors=num_behaviors,
+            num_time_buckets=num_time_buckets,
+            d_model=d_model,
+            item_dim=item_dim,
+            category_dim=category_dim,
+            positional=positional,
+            max_seq_len=max_seq_len,
+            dropout=dropout,
+        )
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                d_model=d_model,
+                num_heads=num_heads,
+                ffn_dim=round(d_model * ffn_multiplier),
+                dropout=dropout,
+                norm_first=norm_first,
+                qkv_activation=qkv_activation,
+                output_projection=output_projection,
+                activation=activation,
+            )
+            for _ in range(num_layers)
+        )
+        # Post-norm blocks already end in a LayerNorm; a pre-norm stack needs one at the end.
+        self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+        # F_target: candidate items are mapped into the same space as the history.
+        self.target_projection = nn.Linear(self.embedding.feature_dim, d_model)
+        self.item_bias = nn.Parameter(torch.zeros(num_items))
+        never_recommended = torch.zeros(num_items)
+        never_recommended[[PAD_IDX, UNK_IDX]] = float("-inf")
+        self.register_buffer("never_recommended", never_recommended, persistent=False)
+
+        self.rerank_query = nn.Linear(d_model, d_model)
+        self.rerank_output = nn.Linear(d_model, d_model)
+
+    def set_item_categories(self, item_category: torch.Tensor) -> None:
+        """Install each item's category index; see BehaviorAwareEmbedding.set_item_categories."""
+        self.embedding.set_item_categories(item_category)
+
+    def forward(
+        self,
+        item: torch.Tensor,
+        behavior: torch.Tensor,
+        time_bucket: torch.Tensor,
+        padding_mask: torch.Tensor,
+    ) -> EncoderOutput:
+        """Encode left-padded histories (the most recent event at position T-1).
+
+        Shapes:
+            item, behavior, time_bucket: (B, T) long, 0 (PAD) at padding positions.
+            padding_mask: (B, T) bool, True = real token.
+            returns: EncoderOutput with hidden (B, T, D) (zero rows at padding positions),
+            query (B, D) = hidden[:, -1], and padding_mask passed through.
+        """
+        x = self.embedding(item, behavior, time_bucket, padding_mask)  # (B, T, D)
+        mask = attention_mask(padding_mask, self.causal)  # (B, 1, T, T)
+        for block in self.blocks:
+            x = block(x, mask)
+        # Padding rows hold throwaway values (see TransformerBlock); zero them once here.
+        hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)  # (B, T, D)
+        # Left padding puts the most recent event last, whatever the history length.
+        return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
+
+    def item_keys(self) -> torch.Tensor:
+        """The item key table ``F_target(item ⊕ category)`` for the whole catalogue.
+
+        Shapes: returns (I, D).
+        """
+        return self.target_projection(self.embedding.item_features())
+
+    def score_items(self, query: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """Score every item for each query: ``query · keys + item_bias``.
+
+        PAD and UNK columns are -inf: they are never recommended, and cross-entropy stays finite
+        because targets are never PAD or UNK. Pass ``keys=self.item_keys()`` computed once when
+        scoring users in chunks.
+
+        Shapes:
+            query: (..., D); keys: (I, D) or None.
+            returns: (..., I).
+        """
+        if keys is None:
+            keys = self.item_keys()
+        return query @ keys.T + (self.item_bias + self.never_recommended)  # (..., I)
+
+    def rerank_scores(
+        self,
+        output: EncoderOutput,
+        candidates: torch.Tensor,
+        return_attention: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Score candidates by target attention over the history (ATRank's vanilla attention).
+
+        Each candidate's key ``k_c = F_target(item ⊕ category)`` attends over ``output.hidden``
+        (single head, scaled dot product, padding positions excluded); the attended vector goes
+        through a linear layer to give the candidate-specific user vector ``u_c``, and
+        ``score = item_bias[c] + u_c · k_c``. Candidates are scored independently of each other;
+        PAD/UNK candidates (e.g. padding in a ragged candidate list) get -inf.
+
+        Shapes:
+            output.hidden: (B, T, D); output.padding_mask: (B, T) bool, True = real token.
+            candidates: (B, N) long item indices.
+            returns: scores (B, N); with ``return_attention`` also the attention weights
+            (B, N, T), which sum to 1 over real positions and are 0 on padding (all 0 for an
+            empty history).
+        """
+        keys = self.target_projection(self.embedding.item_features(candidates))  # (B, N, D)
+        logits = self.rerank_query(keys) @ output.hidden.transpose(1, 2)  # (B, N, T)
+        logits = logits / math.sqrt(self.d_model)
+        real = output.padding_mask[:, None, :]  # (B, 1, T)
+        # A finite fill, not -inf: a row with no real position then gives uniform weights that
+        # the multiplication below zeroes, instead of NaN.
+        logits = logits.masked_fill(~real, torch.finfo(logits.dtype).min)
+        weights = logits.softmax(dim=-1) * real  # (B, N, T)
+        user = self.rerank_output(weights @ output.hidden)  # (B, N, D)
+        scores = (user * keys).sum(dim=-1) + self.item_bias[candidates]  # (B, N)
+        reserved = (candidates == PAD_IDX) | (candidates == UNK_IDX)
+        scores = scores.masked_fill(reserved, float("-inf"))
+        if return_attention:
+            return scores, weights
+        return scores

@@ -1,0 +1,293 @@
+"""Transformer building blocks shared by the sequence encoders.
+
+Mask convention everywhere in recsys: a boolean ``padding_mask`` of shape (B, T) with
+**True = a real token**. :func:`attention_mask` is the one place that turns it into the mask
+``torch.nn.functional.scaled_dot_product_attention`` expects.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Collection
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QKV_ACTIVATIONS = (None, "relu")
+FFN_ACTIVATIONS = ("gelu", "relu")
+
+
+# --- argument checks shared by the model modules -------------------------------------------
+
+
+def _check_int(name: str, value: object, *, minimum: int = 1, why: str = "") -> int:
+    """Return ``value`` as a plain ``int`` (configs must hold plain Python values), or raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        reason = f" ({why})" if why else ""
+        raise ValueError(f"{name}={value!r} is invalid: pass an integer >= {minimum}{reason}")
+    return int(value)
+
+
+def _check_dropout(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name}={value!r} is invalid: pass a probability in [0, 1), e.g. 0.1")
+    return float(value)
+
+
+def _check_choice(name: str, value: object, allowed: Collection[object]) -> object:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported: choose one of {list(allowed)}")
+    return value
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is invalid: pass True or False")
+    return value
+
+
+def _check_heads(d_model: int, num_heads: int) -> None:
+    if d_model % num_heads != 0:
+        lower = d_model - d_model % num_heads
+        options = f"d_model={lower} or {lower + num_heads}" if lower else f"d_model={num_heads}"
+        raise ValueError(
+            f"d_model={d_model} is not divisible by num_heads={num_heads}: use a multiple of "
+            f"num_heads ({options}) or a num_heads that divides d_model"
+        )
+
+
+# --- masks ---------------------------------------------------------------------------------
+
+
+def attention_mask(padding_mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Turn a padding mask (True = real token) into an SDPA attention mask (True = may attend).
+
+    Query ``i`` may attend key ``j`` when key ``j`` is a real token and, if ``causal``, ``j <= i``.
+    The diagonal is always allowed as well: in a left-padded causal sequence a padding query has
+    no real key at or before it, and a query row with nothing allowed makes
+    ``scaled_dot_product_attention`` return NaN, which would then leak into gradients. A real
+    query always has its own (real) key allowed, so the diagonal changes nothing for real rows;
+    padding rows produce throwaway values that the encoder zeroes.
+
+    Worked example, one sequence left-padded to T=4 (``.`` = 0/False, ``1`` = True)::
+
+        padding_mask = [F, F, T, T]
+
+        causal=True                        causal=False
+                  key 0 1 2 3                        key 0 1 2 3
+        query 0       1 . . .    (diag)    query 0       1 . 1 1
+        query 1       . 1 . .    (diag)    query 1       . 1 1 1
+        query 2       . . 1 .              query 2       . . 1 1
+        query 3       . . 1 1              query 3       . . 1 1
+
+    Shapes:
+        padding_mask: (B, T) bool, True = real token.
+        returns: (B, 1, T, T) bool, broadcast over heads; True = query (row) may attend key
+        (column).
+    """
+    if padding_mask.dtype != torch.bool:
+        raise ValueError(
+            f"padding_mask has dtype {padding_mask.dtype}: pass a bool tensor, True = real token"
+        )
+    seq_len = padding_mask.shape[-1]
+    allowed = padding_mask[:, None, None, :]  # (B, 1, 1, T): key j is real
+    diagonal = torch.eye(seq_len, dtype=torch.bool, device=padding_mask.device)  # (T, T)
+    if causal:
+        not_future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=padding_mask.device)
+        allowed = allowed & not_future.tril()  # (B, 1, T, T)
+    return allowed | diagonal  # (B, 1, T, T)
+
+
+# --- attention and feed-forward ------------------------------------------------------------
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """Multi-head self-attention on top of ``F.scaled_dot_product_attention``.
+
+    ``qkv_activation="relu"`` applies ReLU to the Q/K/V projections and
+    ``output_projection=False`` drops the output linear layer: both as in ATRank's reference
+    code. The modern default is no activation and an output projection.
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_heads: int,
+        dropout: float,
+        qkv_activation: str | None = None,
+        output_projection: bool = True,
+    ) -> None:
+        super().__init__()
+        d_model = _check_int("d_model", d_model)
+        num_heads = _check_int("num_heads", num_heads)
+        _check_heads(d_model, num_heads)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.dropout = _check_dropout("dropout", dropout)
+        _check_choice("qkv_activation", qkv_activation, QKV_ACTIVATIONS)
+        # One fused linear layer is the same map as ATRank's three dense layers, in one matmul.
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.qkv_activation = nn.ReLU() if qkv_activation == "relu" else nn.Identity()
+        self.output = (
+            nn.Linear(d_model, d_model)
+            if _check_bool("output_projection", output_projection)
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        """Attend every position to the positions ``attn_mask`` allows.
+
+        Shapes:
+            x: (B, T, D)
+            attn_mask: (B, 1, T, T) bool from :func:`attention_mask`, True = may attend.
+            returns: (B, T, D)
+        """
+        head_dim = self.d_model // self.num_heads
+        qkv = self.qkv_activation(self.qkv(x))  # (B, T, 3D)
+        qkv = qkv.unflatten(-1, (3, self.num_heads, head_dim))  # (B, T, 3, H, D/H)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, D/H)
+        attended = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+        )  # (B, H, T, D/H)
+        attended = attended.transpose(1, 2).flatten(2)  # (B, T, D)
+        return self.output(attended)
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: Linear(D, hidden) -> activation -> dropout -> Linear(hidden, D)."""
+
+    def __init__(
+        self, *, d_model: int, hidden_dim: int, dropout: float, activation: str = "gelu"
+    ) -> None:
+        super().__init__()
+        d_model = _check_int("d_model", d_model)
+        hidden_dim = _check_int("hidden_dim", hidden_dim)
+        _check_choice("activation", activation, FFN_ACTIVATIONS)
+        self.net = nn.Sequential(
+            nn.Linear(d_model, hidden_dim),
+            nn.GELU() if activation == "gelu" else nn.ReLU(),
+            nn.Dropout(_check_dropout("dropout", dropout)),
+            nn.Linear(hidden_dim, d_model),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Shapes: x (..., D) -> (..., D)."""
+        return self.net(x)
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention + feed-forward with residual connections and LayerNorm.
+
+    ``norm_first=True`` (modern, pre-norm)::
+
+        x = x + dropout(attention(norm(x)));  x = x + dropout(ffn(norm(x)))
+
+    ``norm_first=False`` (ATRank, post-norm)::
+
+        x = norm(x + dropout(attention(x)));  x = norm(x + dropout(ffn(x)))
+
+    A pre-norm stack needs a final LayerNorm after the last block; the encoder owns it.
+    Rows at padding positions come out as arbitrary (finite) values: real queries never attend
+    to them, so they cannot leak, and the encoder multiplies them by zero at the end.
+    """
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float,
+        norm_first: bool = True,
+        qkv_activation: str | None = None,
+        output_projection: bool = True,
+        activation: str = "gelu",
+    ) -> None:
+        super().__init__()
+        self.norm_first = _check_bool("norm_first", norm_first)
+        self.attention = MultiHeadSelfAttention(
+            d_model=d_model,
+            num_heads=num_heads,
+            dropout=dropout,
+            qkv_activation=qkv_activation,
+            output_projection=output_projection,
+        )
+        self.feed_forward = FeedForward(
+            d_model=d_model, hidden_dim=ffn_dim, dropout=dropout, activation=activation
+        )
+        self.attention_norm = nn.LayerNorm(d_model)
+        self.feed_forward_norm = nn.LayerNorm(d_model)
+        self.residual_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        """Shapes:
+        x: (B, T, D)
+        attn_mask: (B, 1, T, T) bool from :func:`attention_mask`.
+        returns: (B, T, D); padding rows are not zeroed here (see the class docstring).
+        """
+        if self.norm_first:
+            x = x + self.residual_dropout(self.attention(self.attention_norm(x), attn_mask))
+            x = x + self.residual_dropout(self.feed_forward(self.feed_forward_norm(x)))
+        else:
+            x = self.attention_norm(x + self.residual_dropout(self.attention(x, attn_mask)))
+            x = self.feed_forward_norm(x + self.residual_dropout(self.feed_forward(x)))
+        return x
+
+
+# --- positional encodings ------------------------------------------------------------------
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed sin/cos encodings ("Attention Is All You Need", section 3.5).
+
+    ``pe[p, 2i] = sin(p / 10000^(2i/D))`` and ``pe[p, 2i+1] = cos(p / 10000^(2i/D))``.
+    Positions are ``arange(T)`` over the left-padded window, so the most recent event always
+    has position T-1. That is only a stable meaning if batches are padded to the same window
+    length; with ``T`` varying per batch the same history gets different positions.
+    """
+
+    def __init__(self, *, max_seq_len: int, d_model: int) -> None:
+        super().__init__()
+        self.max_seq_len = _check_int("max_seq_len", max_seq_len)
+        d_model = _check_int("d_model", d_model)
+        position = torch.arange(max_seq_len, dtype=torch.float32)[:, None]  # (L, 1)
+        even = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(D/2),)
+        angle = position / torch.pow(10000.0, even / d_model)  # (L, ceil(D/2))
+        table = torch.zeros(max_seq_len, d_model)
+        table[:, 0::2] = torch.sin(angle)
+        table[:, 1::2] = torch.cos(angle[:, : d_model // 2])  # odd D has one fewer cos column
+        # Not persistent: it is a pure function of the constructor arguments.
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, seq_len: int) -> torch.Tensor:
+        """Shapes: returns (T, D) for ``seq_len`` = T <= max_seq_len."""
+        _check_seq_len(seq_len, self.max_seq_len)
+        return self.table[:seq_len]
+
+
+class LearnedPositionalEncoding(nn.Module):
+    """One trained vector per position 0 .. max_seq_len-1 (positions as in the sinusoidal one)."""
+
+    def __init__(self, *, max_seq_len: int, d_model: int) -> None:
+        super().__init__()
+        self.max_seq_len = _check_int("max_seq_len", max_seq_len)
+        self.embedding = nn.Embedding(max_seq_len, _check_int("d_model", d_model))
+
+    def forward(self, seq_len: int) -> torch.Tensor:
+        """Shapes: returns (T, D) for ``seq_len`` = T <= max_seq_len."""
+        _check_seq_len(seq_len, self.max_seq_len)
+        return self.embedding.weight[:seq_len]
+
+
+def _check_seq_len(seq_len: int, max_seq_len: int) -> None:
+    if seq_len > max_seq_len:
+        raise ValueError(
+            f"sequence length T={seq_len} exceeds max_seq_len={max_seq_len}: clip the sequences "
+            f"to the last {max_seq_len} events or build the model with max_seq_len >= {seq_len}"
+        )

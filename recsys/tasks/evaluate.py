@@ -1,0 +1,111 @@
+"""Task: a trained checkpoint (and the popularity baseline) on the held-out targets.
+
+Both go through the same metric code as validation (:meth:`SeqRecModule.evaluation_metrics`).
+Metrics are logged as ``test/<metric>`` and ``test/popularity_<metric>`` (likewise ``val/``),
+with the protocol as run tags.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from recsys.checkpoint import LoadedModel, load_checkpoint
+from recsys.data.datamodule import SeqRecDataModule
+from recsys.model.popularity import Popularity
+from recsys.schema import NUM_RESERVED
+from recsys.tasks import prepare
+from recsys.tracking import Tracker, use_tracker
+from recsys.training.evaluation import evaluate, pick_device
+from recsys.training.module import SeqRecModule
+
+log = logging.getLogger(__name__)
+
+
+def load_model(ref: str | Path, logger_cfg) -> LoadedModel:
+    """``ref`` is a checkpoint path or an MLflow run id whose ``checkpoints/`` holds one."""
+    path = Path(str(ref)).expanduser()
+    if path.is_file():
+        return load_checkpoint(path)
+    if path.suffix == ".ckpt" or "/" in str(ref):
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    tracker = Tracker.from_config(logger_cfg, run_id=str(ref))
+    folder = tracker.download_artifacts("checkpoints", tempfile.mkdtemp(prefix="recsys-ckpt-"))
+    checkpoints = sorted(folder.glob("*.ckpt"))
+    if not checkpoints:
+        raise FileNotFoundError(f"MLflow run {ref} has no checkpoint under checkpoints/")
+    return load_checkpoint(checkpoints[0])
+
+
+def train_counts(model: LoadedModel) -> torch.Tensor:
+    """Training-window event count per item index (0 for PAD and UNK)."""
+    counts = torch.zeros(model.vocab.num_items, dtype=torch.long)
+    counts[NUM_RESERVED:] = torch.tensor(model.vocab.items["train_count"].to_list())
+    return counts
+
+
+def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:
+    """How the numbers were measured, stamped on the run."""
+    split = datamodule.stats["split"]
+    return {
+        "protocol.split": split["method"],
+        "protocol.target_behaviors": str(split["target_behaviors"] or "any"),
+        "protocol.candidates": "all items",
+        "protocol.seen_items": "excluded" if cfg.training.exclude_seen else "kept",
+        "protocol.max_seq_len": str(datamodule.max_seq_len),
+        "data.fingerprint": datamodule.stats["fingerprint"],
+    }
+
+
+def _evaluation_module(cfg: DictConfig, encoder: torch.nn.Module, **overrides) -> SeqRecModule:
+    return instantiate(cfg.training, _partial_=True)(
+        encoder=encoder, optimizer=None, scheduler=None, **overrides
+    )
+
+
+def run(
+    cfg: DictConfig,
+    checkpoint: str | Path | None = None,
+    *,
+    prepared_dir: str | Path | None = None,
+    tracker: Tracker | None = None,
+    splits: tuple[str, ...] = ("test",),
+) -> dict[str, float]:
+    model = load_model(checkpoint or cfg.model, cfg.logger)
+    prepared_dir = prepared_dir or cfg.data.prepared_dir or prepare.run(cfg)
+    datamodule = SeqRecDataModule(
+        prepared_dir, max_seq_len=model.max_seq_len,
+        eval_batch_size=cfg.data.loader.eval_batch_size,
+    )
+    if datamodule.vocab.content_hash() != model.vocab.content_hash():
+        raise ValueError(
+            f"{prepared_dir} was prepared with another vocabulary than checkpoint {model.path} "
+            "(different data or data settings): evaluate on the data the model was trained on"
+        )
+    device = pick_device(cfg.trainer.accelerator)
+    candidates = {
+        "": _evaluation_module(cfg, model.encoder),
+        # one stage: popularity has nothing to re-rank with
+        "popularity_": _evaluation_module(cfg, Popularity(train_counts(model)), rerank_top_n=0),
+    }
+    metrics: dict[str, float] = {}
+    for split in splits:
+        loader = datamodule.target_loader(split)
+        for prefix, module in candidates.items():
+            values = evaluate(module, loader, device=device, description=f"{split} {prefix}")
+            metrics.update({f"{split}/{prefix}{k}": v for k, v in values.items()})
+    with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
+        tracker.log_metrics(metrics)
+        tracker.set_tags(protocol_tags(cfg, datamodule))
+    for split in splits:
+        log.info(
+            "%s NDCG@10 %.4f (popularity %.4f), HR@10 %.4f (popularity %.4f)", split,
+            metrics[f"{split}/ndcg_at_10"], metrics[f"{split}/popularity_ndcg_at_10"],
+            metrics[f"{split}/hr_at_10"], metrics[f"{split}/popularity_hr_at_10"],
+        )
+    return metrics

@@ -1,0 +1,37 @@
+"""Task: the main job — prepare -> train -> evaluate -> score, tracked as one MLflow run."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from recsys.tasks import evaluate, score, train
+from recsys.tracking import use_tracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MainResult:
+    checkpoint: Path
+    recommendations: Path
+    metrics: dict[str, float]
+    run: str  # where the MLflow run is, in words
+
+
+def run(cfg: DictConfig) -> MainResult:
+    with use_tracker(None, cfg.logger, run_name=cfg.task_name) as tracker:
+        trained = train.run(cfg, tracker=tracker)
+        metrics = evaluate.run(
+            cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, tracker=tracker
+        )
+        recommendations = score.run(cfg, trained.checkpoint, tracker=tracker)
+    return MainResult(
+        checkpoint=trained.checkpoint,
+        recommendations=recommendations,
+        metrics={**trained.best_val, **metrics},
+        run=tracker.describe(),
+    )

@@ -1,0 +1,101 @@
+"""Task: prepared data -> trained encoder (best checkpoint on ``val/ndcg_at_10``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from recsys.checkpoint import checkpoint_extra
+from recsys.config import event_schema, to_container
+from recsys.data.datamodule import SeqRecDataModule
+from recsys.data.prepare import STATS_FILE
+from recsys.data.vocab import FILES as VOCAB_FILES
+from recsys.tasks import prepare
+from recsys.tracking import Tracker, flatten, use_tracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    checkpoint: Path
+    prepared_dir: Path
+    best_val: dict[str, float]
+    run: str  # where the MLflow run is, in words
+
+
+def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
+    return SeqRecDataModule(
+        prepared_dir, max_seq_len=cfg.data.max_seq_len, seed=cfg.seed,
+        **to_container(cfg.data.loader),
+    )
+
+
+def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Module:
+    """Instantiate ``model`` with the sizes that come from the data (never typed into yaml)."""
+    vocab = datamodule.vocab
+    encoder = instantiate(
+        cfg.model,
+        num_items=vocab.num_items,
+        num_categories=vocab.num_categories,
+        num_behaviors=vocab.num_behaviors,
+        num_time_buckets=datamodule.time_buckets.num_embeddings,
+        max_seq_len=cfg.data.max_seq_len,
+    )
+    encoder.set_item_categories(torch.tensor(vocab.item_category_table(), dtype=torch.long))
+    return encoder
+
+
+def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
+    """Resolved config (flattened params + yaml), vocabularies and dataset statistics."""
+    tracker.log_params(flatten(to_container(cfg)))
+    config_file = Path(cfg.paths.run_dir) / "config_resolved.yaml"
+    config_file.parent.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    tracker.log_artifact(config_file, "config")
+    for name in (*VOCAB_FILES.values(), STATS_FILE):
+        tracker.log_artifact(prepared_dir / name, "data")
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
+    pl.seed_everything(cfg.seed, workers=True)
+    prepared_dir = Path(cfg.data.prepared_dir) if cfg.data.prepared_dir else prepare.run(cfg)
+    datamodule = build_datamodule(cfg, prepared_dir)
+    encoder = build_encoder(cfg, datamodule)
+    # a partial, so the (large, plain) checkpoint_extra is not copied into an OmegaConf node
+    module = instantiate(cfg.training, _partial_=True)(
+        encoder=encoder,
+        checkpoint_extra=checkpoint_extra(
+            vocab=datamodule.vocab,
+            schema=event_schema(cfg.data),
+            time_buckets=datamodule.time_buckets,
+            max_seq_len=cfg.data.max_seq_len,
+            data_fingerprint=datamodule.stats["fingerprint"],
+        ),
+    )
+    with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
+        tracker.set_tags({"data.fingerprint": datamodule.stats["fingerprint"], "task": "train"})
+        log_run_inputs(tracker, cfg, prepared_dir)
+
+        callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
+        trainer = instantiate(cfg.trainer, logger=tracker.lightning_logger() or False,
+                              callbacks=callbacks)
+        trainer.fit(module, datamodule=datamodule)
+
+        checkpoint_cb = trainer.checkpoint_callback
+        if checkpoint_cb is None or not checkpoint_cb.best_model_path:
+            raise RuntimeError("training produced no checkpoint: keep callbacks.model_checkpoint")
+        best = Path(checkpoint_cb.best_model_path)
+        tracker.log_artifact(best, "checkpoints")
+        best_score = checkpoint_cb.best_model_score
+        best_val = {} if best_score is None else {"best/val_ndcg_at_10": float(best_score)}
+        tracker.log_metrics(best_val)
+        log.info("best checkpoint %s (%s)", best, best_val)
+    return TrainResult(checkpoint=best, prepared_dir=prepared_dir, best_val=best_val,
+                       run=tracker.describe())

@@ -1,0 +1,32 @@
+"""Evaluation outside the training loop (the best checkpoint on test, baselines) with exactly
+the metric code the LightningModule logs during validation."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from recsys.training.metrics import MeanAccumulator
+from recsys.training.module import SeqRecModule
+
+
+def pick_device(accelerator: str = "auto") -> torch.device:
+    """"auto" takes a GPU when there is one; "cpu" / "gpu" / "cuda" force the choice."""
+    if accelerator in ("gpu", "cuda"):
+        return torch.device("cuda")
+    if accelerator == "auto" and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def evaluate(
+    module: SeqRecModule, loader: DataLoader, *, device: torch.device, description: str = "eval"
+) -> dict[str, float]:
+    """Mean of every per-row metric of ``module.evaluation_metrics`` over ``loader``."""
+    module = module.to(device).eval()
+    totals = MeanAccumulator()
+    for batch in tqdm(loader, desc=description, leave=False, mininterval=2.0):
+        totals.update(module.evaluation_metrics(batch.to(device)))
+    return totals.compute()

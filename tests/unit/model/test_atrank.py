@@ -1,0 +1,345 @@
+"""The ATRank encoder: padding and causality contracts, scoring heads, rebuild, a smoke fit."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recsys.model import ATRank, EncoderOutput
+from recsys.schema import PAD_IDX, UNK_IDX
+
+SIZES = {
+    "num_items": 20,
+    "num_categories": 5,
+    "num_behaviors": 4,
+    "num_time_buckets": 6,
+    "max_seq_len": 8,
+}
+# ATRank's reference code, as the docstring of recsys.model.atrank spells it out.
+FAITHFUL = {
+    "norm_first": False,
+    "qkv_activation": "relu",
+    "output_projection": False,
+    "ffn_multiplier": 0.25,
+    "activation": "relu",
+    "positional": "none",
+    "causal": False,
+}
+
+
+def make_model(**overrides: object) -> ATRank:
+    torch.manual_seed(0)
+    kwargs = {**SIZES, "d_model": 16, "num_heads": 2, "num_layers": 2, "dropout": 0.1}
+    model = ATRank(**{**kwargs, **overrides})
+    categories = torch.arange(SIZES["num_items"]) % (SIZES["num_categories"] - 2) + 2
+    categories[PAD_IDX] = PAD_IDX
+    model.set_item_categories(categories)
+    return model.eval()
+
+
+def make_tokens(
+    lengths: list[int], seq_len: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded random (item, behavior, time_bucket, padding_mask), PAD at padding."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (len(lengths), seq_len)
+    position = torch.arange(seq_len)
+    padding_mask = position[None, :] >= seq_len - torch.tensor(lengths)[:, None]  # (B, T)
+    item = torch.randint(2, SIZES["num_items"], shape, generator=generator)
+    behavior = torch.randint(2, SIZES["num_behaviors"], shape, generator=generator)
+    time_bucket = torch.randint(1, SIZES["num_time_buckets"], shape, generator=generator)
+    return item * padding_mask, behavior * padding_mask, time_bucket * padding_mask, padding_mask
+
+
+def left_pad(tokens: tuple[torch.Tensor, ...], extra: int) -> tuple[torch.Tensor, ...]:
+    return tuple(F.pad(t, (extra, 0)) for t in tokens)  # PAD=0 / False on the left
+
+
+# --- padding and causality ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("qkv_activation", [None, "relu"])
+def test_extra_left_padding_changes_nothing(
+    causal: bool, norm_first: bool, qkv_activation: str | None
+) -> None:
+    # positional="none": with positions over arange(T), extra padding shifts the real tokens'
+    # positions by design; the next test covers every positional mode.
+    model = make_model(
+        causal=causal,
+        norm_first=norm_first,
+        qkv_activation=qkv_activation,
+        output_projection=norm_first,
+        activation="gelu" if norm_first else "relu",
+        positional="none",
+    )
+    tokens = make_tokens([5, 3, 1], seq_len=5)
+    with torch.no_grad():
+        short = model(*tokens)
+        padded = model(*left_pad(tokens, extra=3))
+    torch.testing.assert_close(short.query, padded.query, atol=1e-5, rtol=0)
+    torch.testing.assert_close(short.hidden, padded.hidden[:, 3:], atol=1e-5, rtol=0)
+    assert torch.equal(padded.hidden[:, :3], torch.zeros(3, 3, 16))
+
+
+@pytest.mark.parametrize("positional", ["none", "learned", "sinusoidal"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_values_at_padding_positions_change_nothing(
+    positional: str, causal: bool, norm_first: bool
+) -> None:
+    model = make_model(positional=positional, causal=causal, norm_first=norm_first)
+    item, behavior, time_bucket, padding_mask = make_tokens([6, 2, 4], seq_len=8)
+    junk_item, junk_behavior, junk_time_bucket, _ = make_tokens([8, 8, 8], seq_len=8, seed=1)
+    with torch.no_grad():
+        clean = model(item, behavior, time_bucket, padding_mask)
+        noisy = model(
+            torch.where(padding_mask, item, junk_item),
+            torch.where(padding_mask, behavior, junk_behavior),
+            torch.where(padding_mask, time_bucket, junk_time_bucket),
+            padding_mask,
+        )
+    torch.testing.assert_close(clean.hidden, noisy.hidden, atol=1e-5, rtol=0)
+    torch.testing.assert_close(clean.query, noisy.query, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_future_token_changes_past_states_only_when_not_causal(causal: bool) -> None:
+    model = make_model(causal=causal)
+    item, behavior, time_bucket, padding_mask = make_tokens([6, 4], seq_len=6)
+    changed_item, changed_behavior = item.clone(), behavior.clone()
+    changed_item[:, 4] = torch.where(item[:, 4] == 7, 8, 7)
+    changed_behavior[:, 4] = torch.where(behavior[:, 4] == 2, 3, 2)
+    with torch.no_grad():
+        before = model(item, behavior, time_bucket, padding_mask).hidden
+        after = model(changed_item, changed_behavior, time_bucket, padding_mask).hidden
+    past_unchanged = torch.allclose(before[:, :4], after[:, :4], atol=1e-6, rtol=0)
+    assert past_unchanged == causal
+    assert not torch.allclose(before[:, 4:], after[:, 4:])
+
+
+@pytest.mark.parametrize("preset", [{}, FAITHFUL], ids=["modern", "faithful"])
+def test_no_nan_with_heavily_padded_rows(preset: dict) -> None:
+    model = make_model(**preset).train()  # dropout on: the dangerous case for empty rows
+    tokens = make_tokens([1, 8, 0], seq_len=8)  # last token only, full, empty
+    output = model(*tokens)
+    scores = model.score_items(output.query)
+    reranked, attention = model.rerank_scores(
+        output, torch.tensor([[2, 3], [4, 5], [6, 7]]), return_attention=True
+    )
+    assert torch.isfinite(output.hidden).all()
+    assert torch.isfinite(scores[:, 2:]).all()
+    assert torch.isfinite(reranked).all()
+    assert torch.isfinite(attention).all()
+    assert torch.equal(output.query[2], torch.zeros(16))  # empty history: zero query
+    loss = F.cross_entropy(scores, torch.tensor([3, 4, 5])) + reranked.sum()
+    loss.backward()
+    for name, parameter in model.named_parameters():
+        if parameter.grad is not None:
+            assert torch.isfinite(parameter.grad).all(), name
+
+
+def test_output_contract() -> None:
+    model = make_model()
+    tokens = make_tokens([3, 5], seq_len=6)
+    output = model(*tokens)
+    assert isinstance(output, EncoderOutput)
+    assert output.hidden.shape == (2, 6, 16)
+    assert torch.equal(output.query, output.hidden[:, -1])
+    assert output.padding_mask is tokens[3]
+    assert torch.equal(output.hidden[~tokens[3]], torch.zeros(int((~tokens[3]).sum()), 16))
+
+
+# --- scoring heads --------------------------------------------------------------------------
+
+
+def test_score_items() -> None:
+    model = make_model()
+    with torch.no_grad():
+        model.item_bias.normal_()
+        query = model(*make_tokens([3, 5, 1], seq_len=6)).query
+        scores = model.score_items(query)
+        keys = model.item_keys()
+        assert keys.shape == (SIZES["num_items"], 16)
+        assert scores.shape == (3, SIZES["num_items"])
+        assert torch.isneginf(scores[:, [PAD_IDX, UNK_IDX]]).all()
+        expected = query @ keys.T + model.item_bias
+        torch.testing.assert_close(scores[:, 2:], expected[:, 2:])
+        torch.testing.assert_close(model.score_items(query, keys=keys), scores)
+        # any leading shape: a (B, T, D) stack of states scores to (B, T, I)
+        assert model.score_items(torch.randn(3, 6, 16)).shape == (3, 6, SIZES["num_items"])
+
+
+def test_rerank_scores_and_attention() -> None:
+    model = make_model()
+    with torch.no_grad():
+        model.item_bias.normal_()
+        tokens = make_tokens([3, 6, 1], seq_len=6)
+        output = model(*tokens)
+        candidates = torch.tensor([[2, 5, 9, 0], [3, 4, 1, 6], [7, 8, 9, 10]])
+        scores, attention = model.rerank_scores(output, candidates, return_attention=True)
+        assert torch.equal(model.rerank_scores(output, candidates), scores)
+    assert scores.shape == (3, 4)
+    assert attention.shape == (3, 4, 6)
+    assert torch.isneginf(scores[0, 3]) and torch.isneginf(scores[1, 2])
+    assert torch.isfinite(scores[candidates > UNK_IDX]).all()
+    padding_mask = tokens[3]
+    torch.testing.assert_close(attention.sum(-1), torch.ones(3, 4))
+    assert torch.equal(attention * ~padding_mask[:, None, :], torch.zeros(3, 4, 6))
+
+
+def test_rerank_score_does_not_depend_on_other_candidates() -> None:
+    model = make_model()
+    with torch.no_grad():
+        output = model(*make_tokens([4, 2], seq_len=6))
+        first = model.rerank_scores(output, torch.tensor([[5, 6, 7], [8, 9, 10]]))
+        second = model.rerank_scores(output, torch.tensor([[11, 5, 0], [12, 13, 8]]))
+    torch.testing.assert_close(first[0, 0], second[0, 1])
+    torch.testing.assert_close(first[1, 0], second[1, 2])
+
+
+def test_rerank_empty_history_gives_zero_attention() -> None:
+    model = make_model()
+    with torch.no_grad():
+        output = model(*make_tokens([0], seq_len=4))
+        scores, attention = model.rerank_scores(
+            output, torch.tensor([[2, 3]]), return_attention=True
+        )
+    assert torch.equal(attention, torch.zeros(1, 2, 4))
+    assert torch.isfinite(scores).all()
+
+
+# --- construction ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"d_model": 100, "num_heads": 3}, r"d_model=100 is not divisible by num_heads=3"),
+        ({"positional": "rotary"}, r"positional='rotary' is not supported: choose one of"),
+        ({"num_items": 2}, r"num_items=2 is invalid: pass an integer >= 3 \(indices 0 \(PAD\)"),
+        ({"dropout": 1.0}, r"dropout=1.0 is invalid: pass a probability in \[0, 1\)"),
+        ({"ffn_multiplier": 0.001}, r"ffn_multiplier=0.001 gives a feed-forward width"),
+        ({"item_dim": 0}, r"item_dim=0 is invalid"),
+        ({"num_layers": 0}, r"num_layers=0 is invalid"),
+        ({"activation": "swish"}, r"activation='swish' is not supported"),
+        ({"causal": "yes"}, r"causal='yes' is invalid: pass True or False"),
+    ],
+)
+def test_constructor_validation(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ATRank(**{**SIZES, **overrides})
+
+
+def test_config_resolves_defaults_to_plain_values() -> None:
+    model = ATRank(**SIZES, d_model=32, num_heads=4)
+    assert model.config["item_dim"] == 32
+    assert model.config["category_dim"] == 16
+    allowed = (int, float, str, bool, type(None))
+    assert all(type(v) in allowed for v in model.config.values())
+
+
+def test_rebuild_from_config_and_weights_only_checkpoint() -> None:
+    model = make_model(**FAITHFUL)
+    with torch.no_grad():
+        model.item_bias.normal_()
+    buffer = io.BytesIO()
+    torch.save({"config": model.config, "state_dict": model.state_dict()}, buffer)
+    buffer.seek(0)
+    checkpoint = torch.load(buffer, weights_only=True)
+
+    torch.manual_seed(123)  # different init: everything must come from the checkpoint
+    rebuilt = ATRank(**checkpoint["config"])
+    rebuilt.load_state_dict(checkpoint["state_dict"])
+    rebuilt.eval()
+    assert torch.equal(rebuilt.embedding.item_category, model.embedding.item_category)
+
+    tokens = make_tokens([2, 6], seq_len=6)
+    candidates = torch.tensor([[2, 3], [4, 5]])
+    with torch.no_grad():
+        expected, actual = model(*tokens), rebuilt(*tokens)
+        assert torch.equal(expected.hidden, actual.hidden)
+        assert torch.equal(model.score_items(expected.query), rebuilt.score_items(actual.query))
+        assert torch.equal(
+            model.rerank_scores(expected, candidates), rebuilt.rerank_scores(actual, candidates)
+        )
+
+
+def test_model_package_imports_neither_lightning_nor_hydra() -> None:
+    code = (
+        "import sys, recsys.model; "
+        "bad = [m for m in ('pytorch_lightning', 'lightning', 'hydra') if m in sys.modules]; "
+        "sys.exit(str(bad) if bad else 0)"
+    )
+    repo_root = Path(__file__).resolve().parents[3]
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root
+    )
+    assert result.returncode == 0, result.stderr
+
+
+# --- smoke fit ------------------------------------------------------------------------------
+
+
+def test_overfits_next_item_is_item_plus_one() -> None:
+    """Proves gradients reach the embeddings, the blocks and the key table."""
+    torch.manual_seed(0)
+    num_items, seq_len, batch_size = 12, 6, 64
+    real_items = num_items - 2
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randint(0, real_items, (batch_size, 1), generator=generator)
+    lengths = torch.randint(2, seq_len + 1, (batch_size, 1), generator=generator)
+    position = torch.arange(seq_len + 1)[None, :]  # (1, T+1)
+    chain = 2 + (start + position) % real_items  # (B, T+1): each item is followed by item+1
+    padding_mask = torch.arange(seq_len)[None, :] >= seq_len - lengths  # (B, T)
+    # Shift the chain so the last real position is the end of a length-L history.
+    offset = seq_len - lengths  # (B, 1)
+    index = (torch.arange(seq_len)[None, :] - offset).clamp(min=0)  # (B, T)
+    item = chain.gather(1, index) * padding_mask
+    target = chain.gather(1, index + 1) * padding_mask
+    behavior = torch.randint(2, 4, item.shape, generator=generator) * padding_mask
+    time_bucket = torch.randint(1, 4, item.shape, generator=generator) * padding_mask
+
+    model = ATRank(
+        num_items=num_items,
+        num_categories=3,
+        num_behaviors=4,
+        num_time_buckets=4,
+        max_seq_len=seq_len,
+        d_model=32,
+        num_heads=2,
+        num_layers=2,
+        dropout=0.0,
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    watched = {
+        "item embedding": model.embedding.item_embedding.weight,
+        "behaviour projection": model.embedding.behavior_weight,
+        "first block": model.blocks[0].attention.qkv.weight,
+        "last block": model.blocks[-1].feed_forward.net[-1].weight,
+        "key table": model.target_projection.weight,
+        "item bias": model.item_bias,
+    }
+    for step in range(200):
+        output = model(item, behavior, time_bucket, padding_mask)
+        logits = model.score_items(output.hidden[padding_mask])  # (real tokens, I)
+        loss = F.cross_entropy(logits, target[padding_mask])
+        optimizer.zero_grad()
+        loss.backward()
+        if step == 0:
+            for name, parameter in watched.items():
+                assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+        optimizer.step()
+
+    model.eval()
+    with torch.no_grad():
+        query = model(item, behavior, time_bucket, padding_mask).query
+        accuracy = (model.score_items(query).argmax(-1) == target[:, -1]).float().mean()
+    assert accuracy > 0.95, f"accuracy {accuracy:.2f} after 200 steps, final loss {loss.item():.3f}"

@@ -1,0 +1,145 @@
+"""Masks, attention, blocks and positional encodings in recsys.model.layers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from recsys.model.layers import (
+    FeedForward,
+    LearnedPositionalEncoding,
+    MultiHeadSelfAttention,
+    SinusoidalPositionalEncoding,
+    TransformerBlock,
+    attention_mask,
+)
+
+F, T = False, True
+
+
+def test_attention_mask_worked_example_causal() -> None:
+    mask = attention_mask(torch.tensor([[F, F, T, T]]), causal=True)
+    expected = torch.tensor(
+        [
+            [T, F, F, F],  # padding query: only its own diagonal, so SDPA has no empty row
+            [F, T, F, F],
+            [F, F, T, F],
+            [F, F, T, T],
+        ]
+    )
+    assert mask.shape == (1, 1, 4, 4)
+    assert mask.dtype == torch.bool
+    assert torch.equal(mask[0, 0], expected)
+
+
+def test_attention_mask_worked_example_not_causal() -> None:
+    mask = attention_mask(torch.tensor([[F, F, T, T]]), causal=False)
+    expected = torch.tensor(
+        [
+            [T, F, T, T],
+            [F, T, T, T],
+            [F, F, T, T],
+            [F, F, T, T],
+        ]
+    )
+    assert torch.equal(mask[0, 0], expected)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_mask_every_row_allows_a_key_and_real_rows_only_real_keys(causal: bool) -> None:
+    padding_mask = torch.tensor([[F, F, F, T, T, T], [F, F, F, F, F, F], [T, T, T, T, T, T]])
+    mask = attention_mask(padding_mask, causal=causal)[:, 0]  # (B, T, T)
+    assert mask.any(dim=-1).all()
+    real_rows = mask[padding_mask]  # (real tokens, T)
+    key_is_real = padding_mask[:, None, :].expand_as(mask)[padding_mask]
+    assert not (real_rows & ~key_is_real).any()
+
+
+def test_attention_mask_rejects_non_bool() -> None:
+    with pytest.raises(ValueError, match="pass a bool tensor"):
+        attention_mask(torch.ones(2, 3), causal=True)
+
+
+def _reference_attention(
+    layer: MultiHeadSelfAttention, x: torch.Tensor, allowed: torch.Tensor
+) -> torch.Tensor:
+    """Plain softmax attention, head by head, to check the reshapes in the layer."""
+    d_model, num_heads = layer.d_model, layer.num_heads
+    head_dim = d_model // num_heads
+    q, k, v = layer.qkv_activation(layer.qkv(x)).split(d_model, dim=-1)
+    heads = []
+    for h in range(num_heads):
+        part = slice(h * head_dim, (h + 1) * head_dim)
+        logits = q[..., part] @ k[..., part].transpose(1, 2) / math.sqrt(head_dim)
+        logits = logits.masked_fill(~allowed[:, 0], float("-inf"))
+        heads.append(logits.softmax(-1) @ v[..., part])
+    return layer.output(torch.cat(heads, dim=-1))
+
+
+@pytest.mark.parametrize("qkv_activation", [None, "relu"])
+@pytest.mark.parametrize("output_projection", [True, False])
+def test_self_attention_matches_reference(
+    qkv_activation: str | None, output_projection: bool
+) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(
+        d_model=8,
+        num_heads=2,
+        dropout=0.5,
+        qkv_activation=qkv_activation,
+        output_projection=output_projection,
+    ).eval()
+    x = torch.randn(2, 5, 8)
+    allowed = attention_mask(torch.tensor([[F, F, T, T, T], [T, T, T, T, T]]), causal=True)
+    torch.testing.assert_close(layer(x, allowed), _reference_attention(layer, x, allowed))
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_transformer_block_shape_and_finite(norm_first: bool) -> None:
+    torch.manual_seed(0)
+    block = TransformerBlock(d_model=8, num_heads=2, ffn_dim=4, dropout=0.1, norm_first=norm_first)
+    x = torch.randn(3, 6, 8)
+    padding_mask = torch.zeros(3, 6, dtype=torch.bool)
+    padding_mask[:, -1] = True
+    out = block(x, attention_mask(padding_mask, causal=True))
+    assert out.shape == (3, 6, 8)
+    assert torch.isfinite(out).all()
+
+
+def test_feed_forward_shape() -> None:
+    ffn = FeedForward(d_model=8, hidden_dim=2, dropout=0.0, activation="relu")
+    assert ffn(torch.randn(2, 3, 8)).shape == (2, 3, 8)
+
+
+def test_sinusoidal_values() -> None:
+    encoding = SinusoidalPositionalEncoding(max_seq_len=10, d_model=6)
+    table = encoding(4)
+    assert table.shape == (4, 6)
+    torch.testing.assert_close(table[0], torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]))
+    torch.testing.assert_close(table[3, 0], torch.tensor(math.sin(3.0)))
+    torch.testing.assert_close(table[3, 3], torch.tensor(math.cos(3.0 / 10000 ** (2 / 6))))
+    assert "table" not in encoding.state_dict()  # derived from the arguments, not a weight
+
+
+def test_sinusoidal_odd_width() -> None:
+    assert SinusoidalPositionalEncoding(max_seq_len=4, d_model=5)(4).shape == (4, 5)
+
+
+def test_learned_positional_shape_and_length_check() -> None:
+    encoding = LearnedPositionalEncoding(max_seq_len=4, d_model=3)
+    assert encoding(2).shape == (2, 3)
+    with pytest.raises(ValueError, match="T=5 exceeds max_seq_len=4"):
+        encoding(5)
+
+
+def test_constructor_messages() -> None:
+    with pytest.raises(ValueError, match="d_model=100 is not divisible by num_heads=3"):
+        MultiHeadSelfAttention(d_model=100, num_heads=3, dropout=0.0)
+    with pytest.raises(ValueError, match=r"qkv_activation='tanh' is not supported"):
+        MultiHeadSelfAttention(d_model=8, num_heads=2, dropout=0.0, qkv_activation="tanh")
+    with pytest.raises(ValueError, match=r"dropout=1.0 is invalid"):
+        FeedForward(d_model=8, hidden_dim=4, dropout=1.0)
+    with pytest.raises(ValueError, match=r"activation='swish' is not supported"):
+        FeedForward(d_model=8, hidden_dim=4, dropout=0.0, activation="swish")
