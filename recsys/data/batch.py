@@ -15,6 +15,9 @@ class SeqBatch:
 
     - ``item``, ``behavior``, ``time_bucket``: (B, T) long; 0 (PAD) at padding positions.
     - ``padding_mask``: (B, T) bool, **True = a real token**.
+    - ``query_time_bucket``: (B, T) long, the time-gap bucket from each position's event to the
+      moment its prediction is for: the next event's time in training, the target's time in
+      evaluation, ``as_of`` in scoring (only the last position is set there; 0 elsewhere).
     - ``target_item``: (B, T) for training (the item of the next event at every position,
       0 where there is none) or (B,) for evaluation/scoring (one target per row, 0 = unknown).
     - ``target_behavior``: same shape as ``target_item``.
@@ -31,9 +34,14 @@ class SeqBatch:
     behavior: torch.Tensor
     time_bucket: torch.Tensor
     padding_mask: torch.Tensor
+    query_time_bucket: torch.Tensor
     target_item: torch.Tensor
     target_behavior: torch.Tensor
     user_index: torch.Tensor
+
+    def model_inputs(self) -> tuple[torch.Tensor, ...]:
+        """The encoder's positional arguments, in order."""
+        return self.item, self.behavior, self.time_bucket, self.padding_mask, self.query_time_bucket
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SeqBatch:
         return SeqBatch(

@@ -90,11 +90,14 @@ class SequenceStore:
         max_seq_len: int,
         time_buckets: TimeBuckets,
         targets: str | np.ndarray,
+        query_time: np.ndarray | None = None,
     ) -> SeqBatch:
         """Left-padded batch of the flat events ``start[b]:end[b]`` (at most ``max_seq_len``).
 
         ``targets="next"`` makes every position's target the following event (training);
         an array of flat indices (-1 = none) gives one target per row (evaluation/scoring).
+        The query time of a row with a target is the target's time; rows without one use
+        ``query_time`` (Unix seconds per row, e.g. ``as_of``) or have none.
         """
         length = end - start  # (B,)
         columns = np.arange(max_seq_len)
@@ -110,9 +113,20 @@ class SequenceStore:
         if isinstance(targets, str):
             target_index = np.where(mask, index + 1, 0)
             has_target = mask
+            query_mask = mask
+            query_gap = self.timestamp[target_index] - self.timestamp[index]  # (B, T)
         else:
             target_index = np.maximum(targets, 0)
             has_target = targets >= 0
+            moment = np.where(
+                has_target, self.timestamp[target_index],
+                -1 if query_time is None else query_time,
+            )
+            # only the last (most recent) position predicts, at ``moment``
+            query_mask = np.zeros_like(mask)
+            query_mask[:, -1] = mask[:, -1] & (moment >= 0)
+            query_gap = np.zeros_like(index)
+            query_gap[:, -1] = moment - self.timestamp[index[:, -1]]
 
         def tensor(values: np.ndarray, where: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.where(where, values, 0).astype(np.int64))
@@ -122,6 +136,7 @@ class SequenceStore:
             behavior=tensor(self.behavior[index], mask),
             time_bucket=tensor(time_buckets(gap), mask),
             padding_mask=torch.from_numpy(mask),
+            query_time_bucket=tensor(time_buckets(query_gap), query_mask),
             target_item=tensor(self.item[target_index], has_target),
             target_behavior=tensor(self.behavior[target_index], has_target),
             user_index=torch.from_numpy(rows.astype(np.int64)),
@@ -176,7 +191,8 @@ class TargetRows(_BatchDataset):
     """One row per user with a target: the ``max_seq_len`` events before it, and the target.
 
     ``target_position`` is per user (-1 = none, row skipped). For scoring, pass each user's
-    history length: the row then holds the most recent events and no target.
+    history length and ``has_target=False``: the row then holds the most recent events, no
+    target, and predicts for the moment ``query_time`` (Unix seconds).
     """
 
     def __init__(
@@ -187,6 +203,7 @@ class TargetRows(_BatchDataset):
         max_seq_len: int,
         time_buckets: TimeBuckets,
         has_target: bool = True,
+        query_time: int | None = None,
     ):
         super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
         self.rows = np.flatnonzero(target_position >= 1)
@@ -195,6 +212,7 @@ class TargetRows(_BatchDataset):
         self.end = base + position
         self.start = base + np.maximum(position - max_seq_len, 0)
         self.target = self.end if has_target else np.full(len(self.rows), -1)
+        self.query_time = None if query_time is None else np.full(len(self.rows), query_time)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -204,6 +222,7 @@ class TargetRows(_BatchDataset):
         return self.store.gather(
             self.rows[i], self.start[i], self.end[i],
             max_seq_len=self.max_seq_len, time_buckets=self.time_buckets, targets=self.target[i],
+            query_time=None if self.query_time is None else self.query_time[i],
         )
 
 

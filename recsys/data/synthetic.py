@@ -79,7 +79,8 @@ def generate_events(
     transition_strength: float = 0.5,
     successors_per_item: int = 3,
     same_category_successor: float = 0.7,
-    category_drift: float = 0.2,
+    interest_concentration: float = 0.5,
+    category_drift: float = 0.05,
     categories_per_session: int = 3,
     popularity_mix: float = 0.1,
     complement_after_purchase: float = 0.5,
@@ -108,6 +109,10 @@ def generate_events(
         successors_per_item: number of likely successors per item (weights 1, 1/2, 1/3, ...).
         same_category_successor: probability that a successor lies in the item's own category
             rather than in a related one.
+        interest_concentration: total Dirichlet concentration of a user's initial category
+            interests, spread in proportion to category size; small values give each user a few
+            favourite categories (learnable from their history), large ones give everyone
+            the global category mix.
         category_drift: weight of the new random category mixed into a user's category
             affinity at each session (0 = fixed interests, 1 = a new interest every session).
         categories_per_session: at most this many focus categories per session (>= 1); items
@@ -141,6 +146,7 @@ def generate_events(
         transition_strength=transition_strength,
         successors_per_item=successors_per_item,
         same_category_successor=same_category_successor,
+        interest_concentration=interest_concentration,
         category_drift=category_drift,
         categories_per_session=categories_per_session,
         popularity_mix=popularity_mix,
@@ -204,6 +210,7 @@ def generate_events(
         session_first_visit=session_first_visit,
         last_purchase_visit=last_purchase_visit,
         transition_strength=transition_strength,
+        interest_concentration=interest_concentration,
         category_drift=category_drift,
         categories_per_session=categories_per_session,
         popularity_mix=popularity_mix,
@@ -357,6 +364,7 @@ def _simulate_items(
     session_first_visit: np.ndarray,
     last_purchase_visit: np.ndarray,
     transition_strength: float,
+    interest_concentration: float,
     category_drift: float,
     categories_per_session: int,
     popularity_mix: float,
@@ -365,7 +373,7 @@ def _simulate_items(
     """Item of every visit. Vectorized over users (outer loop: session index k) and over
     sessions (inner loop: position j within the session)."""
     num_categories = len(catalogue.category_share)
-    alpha = np.maximum(0.3 * num_categories * catalogue.category_share, 1e-3)
+    alpha = np.maximum(interest_concentration * catalogue.category_share, 1e-3)
     affinity = rng.dirichlet(alpha, size=num_users) + 1e-12
     affinity /= affinity.sum(axis=1, keepdims=True)
     purchased_category = np.full(num_users, -1)
@@ -525,6 +533,7 @@ def _validate(
     transition_strength: float,
     successors_per_item: int,
     same_category_successor: float,
+    interest_concentration: float,
     category_drift: float,
     categories_per_session: int,
     popularity_mix: float,
@@ -585,6 +594,11 @@ def _validate(
     }.items():
         if not _finite(value) or not 0.0 <= value <= 1.0:
             raise ValueError(f"{name}={value!r} must be a probability in [0, 1]")
+    if not _finite(interest_concentration) or interest_concentration <= 0:
+        raise ValueError(
+            f"interest_concentration={interest_concentration!r} must be > 0 "
+            "(about 0.5: a few favourite categories per user; 10+: everyone alike)"
+        )
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed={seed!r} must be a non-negative integer")
 

@@ -5,7 +5,7 @@ Architecture::
     (item, behaviour, time bucket)            left-padded, most recent event at T-1
       │  BehaviorAwareEmbedding                F_behaviour(item ⊕ category) + time + position
       │  num_layers × TransformerBlock         self-attention over the history, padding masked
-      ▼  (final LayerNorm when pre-norm)       hidden (B, T, D); query = hidden[:, -1]
+      ▼  (final LayerNorm when pre-norm)       hidden (B, T, D); query = hidden[:, -1] + E(query gap)
 
     retrieval   score_items:   query · F_target(item ⊕ category)ᵀ + item_bias     all I items
     re-ranking  rerank_scores: candidate key attends over hidden ("vanilla attention"),
@@ -195,6 +195,9 @@ class ATRank(nn.Module):
         never_recommended[[PAD_IDX, UNK_IDX]] = float("-inf")
         self.register_buffer("never_recommended", never_recommended, persistent=False)
 
+        # How long after the last event the prediction is for: "continue this session" and
+        # "come back next week" call for different items (ATRank measures gaps to the target).
+        self.query_time_embedding = nn.Embedding(num_time_buckets, d_model, padding_idx=0)
         self.rerank_query = nn.Linear(d_model, d_model)
         self.rerank_output = nn.Linear(d_model, d_model)
 
@@ -208,14 +211,18 @@ class ATRank(nn.Module):
         behavior: torch.Tensor,
         time_bucket: torch.Tensor,
         padding_mask: torch.Tensor,
+        query_time_bucket: torch.Tensor | None = None,
     ) -> EncoderOutput:
         """Encode left-padded histories (the most recent event at position T-1).
 
         Shapes:
             item, behavior, time_bucket: (B, T) long, 0 (PAD) at padding positions.
             padding_mask: (B, T) bool, True = real token.
+            query_time_bucket: (B, T) long or None, bucket of the gap from each position to the
+            time its prediction is for (0 = unknown).
             returns: EncoderOutput with hidden (B, T, D) (zero rows at padding positions),
-            query (B, D) = hidden[:, -1], and padding_mask passed through.
+            queries (B, T, D) = hidden + query-time embedding, query (B, D) = queries[:, -1],
+            and padding_mask passed through.
         """
         x = self.embedding(item, behavior, time_bucket, padding_mask)  # (B, T, D)
         mask = attention_mask(padding_mask, self.causal)  # (B, 1, T, T)
@@ -223,8 +230,13 @@ class ATRank(nn.Module):
             x = block(x, mask)
         # Padding rows hold throwaway values (see TransformerBlock); zero them once here.
         hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)  # (B, T, D)
+        queries = hidden
+        if query_time_bucket is not None:
+            queries = hidden + self.query_time_embedding(query_time_bucket) * padding_mask[..., None]
         # Left padding puts the most recent event last, whatever the history length.
-        return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
+        return EncoderOutput(
+            hidden=hidden, queries=queries, query=queries[:, -1], padding_mask=padding_mask
+        )
 
     def item_keys(self) -> torch.Tensor:
         """The item key table ``F_target(item ⊕ category)`` for the whole catalogue.
@@ -259,7 +271,8 @@ class ATRank(nn.Module):
         Each candidate's key ``k_c = F_target(item ⊕ category)`` attends over ``output.hidden``
         (single head, scaled dot product, padding positions excluded); the attended vector goes
         through a linear layer to give the candidate-specific user vector ``u_c``, and
-        ``score = item_bias[c] + u_c · k_c``. Candidates are scored independently of each other;
+        ``score = item_bias[c] + (query + u_c) · k_c``: the retrieval score plus a
+        candidate-specific correction, so an untrained head starts from the retrieval order. Candidates are scored independently of each other;
         PAD/UNK candidates (e.g. padding in a ragged candidate list) get -inf.
 
         Shapes:
@@ -278,6 +291,7 @@ class ATRank(nn.Module):
         logits = logits.masked_fill(~real, torch.finfo(logits.dtype).min)
         weights = logits.softmax(dim=-1) * real  # (B, N, T)
         user = self.rerank_output(weights @ output.hidden)  # (B, N, D)
+        user = user + output.query[:, None, :]  # (B, N, D)
         scores = (user * keys).sum(dim=-1) + self.item_bias[candidates]  # (B, N)
         reserved = (candidates == PAD_IDX) | (candidates == UNK_IDX)
         scores = scores.masked_fill(reserved, float("-inf"))

@@ -24,10 +24,13 @@ class Popularity(nn.Module):
         scores[:NUM_RESERVED] = -math.inf
         self.register_buffer("item_scores", scores)
 
-    def forward(self, item, behavior, time_bucket, padding_mask) -> EncoderOutput:
-        batch = item.shape[0]
-        empty = torch.zeros(batch, 1, device=item.device)
-        return EncoderOutput(hidden=empty[:, :, None], query=empty, padding_mask=padding_mask)
+    def forward(
+        self, item, behavior, time_bucket, padding_mask, query_time_bucket=None
+    ) -> EncoderOutput:
+        empty = torch.zeros(*item.shape, 1, device=item.device)  # (B, T, 1): no user state
+        return EncoderOutput(
+            hidden=empty, queries=empty, query=empty[:, -1], padding_mask=padding_mask
+        )
 
     def score_items(self, query: torch.Tensor) -> torch.Tensor:
         """Shapes: query (B, D) -> (B, I), the same row for everyone."""

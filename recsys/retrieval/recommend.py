@@ -51,10 +51,12 @@ def recommend(
     top_k: int,
     rerank_top_n: int,
     exclude_seen: bool,
+    query_time: int | None = None,
     batch_size: int = 512,
     device: torch.device = torch.device("cpu"),
 ) -> pl.DataFrame:
-    """Two-stage top-``top_k`` for every user in ``store`` (their most recent events as input)."""
+    """Two-stage top-``top_k`` for every user in ``store`` (their most recent events as input),
+    as of ``query_time`` (Unix seconds; default: the last event in the store)."""
     if top_k < 1:
         raise ValueError(f"retrieval.top_k={top_k} must be >= 1")
     if top_k > model.vocab.items.height:
@@ -65,6 +67,7 @@ def recommend(
     rows = TargetRows(
         store, store.lengths, max_seq_len=model.max_seq_len,
         time_buckets=model.time_buckets, has_target=False,
+        query_time=int(store.timestamp.max()) if query_time is None else query_time,
     )
     loader = batch_loader(rows, batch_size=batch_size, shuffle=False)
     item_ids = model.vocab.items[ITEM]  # item index i -> raw id at row i - NUM_RESERVED
@@ -73,7 +76,7 @@ def recommend(
         batch_rows = batch.user_index.numpy()
         exclude = seen_items(store, batch_rows).to(device) if exclude_seen else None
         batch = batch.to(device)
-        output = encoder(batch.item, batch.behavior, batch.time_bucket, batch.padding_mask)
+        output = encoder(*batch.model_inputs())
         ranking = two_stage(
             encoder, output, top_k=top_k, rerank_top_n=rerank_top_n, exclude=exclude
         )

@@ -40,7 +40,7 @@ def run(
     cfg: DictConfig, checkpoint: str | Path | None = None, *, tracker: Tracker | None = None
 ) -> Path:
     retrieval = cfg.retrieval
-    model = load_model(checkpoint or cfg.model, cfg.logger)
+    model = load_model(checkpoint or cfg.model_ref, cfg.logger)
     schema = event_schema(cfg.data)
     if tuple(schema.behaviors) != tuple(model.schema.behaviors):
         raise DataError(
@@ -55,6 +55,7 @@ def run(
     frame = recommend(
         model, store, top_k=retrieval.top_k, rerank_top_n=retrieval.rerank_top_n,
         exclude_seen=retrieval.exclude_seen, batch_size=retrieval.batch_size,
+        query_time=None if as_of is None else int(as_of.timestamp()),
         device=pick_device(retrieval.accelerator),
     )
     path = write_atomically(frame, retrieval.output, file_format=retrieval.format)

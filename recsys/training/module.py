@@ -82,7 +82,7 @@ class SeqRecModule(pl.LightningModule):
         )
 
     def forward(self, batch: SeqBatch):
-        return self.encoder(batch.item, batch.behavior, batch.time_bucket, batch.padding_mask)
+        return self.encoder(*batch.model_inputs())
 
     # -- training ---------------------------------------------------------------------------
     def training_step(self, batch: SeqBatch, batch_idx: int) -> torch.Tensor:
@@ -93,7 +93,7 @@ class SeqRecModule(pl.LightningModule):
             # target is unseen by every input
             has_target = has_target & (torch.arange(has_target.shape[1], device=self.device)
                                        == has_target.shape[1] - 1)
-        logits = self.encoder.score_items(output.hidden[has_target])  # (M, I)
+        logits = self.encoder.score_items(output.queries[has_target])  # (M, I)
         loss = F.cross_entropy(logits.float(), batch.target_item[has_target])
         self.log("train/ce_loss", loss, batch_size=len(batch))
         if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
