@@ -86,7 +86,7 @@ def split_positions(
     )
     has_history = pl.col(POSITION) >= 1
     if settings.method == "leave_one_out":
-        n = pl.len()
+        n = pl.len().cast(pl.Int32)  # signed: n - 2 must not wrap around for one-event users
         return lf.group_by(USER, maintain_order=True).agg(
             (n - 2).clip(lower_bound=0).cast(pl.Int32).alias(TRAIN_END),
             pl.when(n >= 3).then(n - 2).otherwise(-1).cast(pl.Int32).alias(VAL_TARGET),

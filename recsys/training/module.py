@@ -95,12 +95,15 @@ class SeqRecModule(pl.LightningModule):
                                        == has_target.shape[1] - 1)
         logits = self.encoder.score_items(output.queries[has_target])  # (M, I)
         loss = F.cross_entropy(logits.float(), batch.target_item[has_target])
-        self.log("train/ce_loss", loss, batch_size=len(batch))
+        self.log("train/ce_loss", loss, batch_size=len(batch), on_step=False, on_epoch=True)
         if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
             rerank = self._rerank_loss(output, batch)
-            self.log("train/rerank_loss", rerank, batch_size=len(batch))
+            self.log("train/rerank_loss", rerank, batch_size=len(batch), on_step=False,
+                     on_epoch=True)
             loss = loss + self.rerank_loss_weight * rerank
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        # per-epoch means: one point per epoch in MLflow, comparable with the val curves
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), on_step=False,
+                 on_epoch=True)
         return loss
 
     def _rerank_loss(self, output, batch: SeqBatch) -> torch.Tensor:

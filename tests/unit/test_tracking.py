@@ -1,0 +1,55 @@
+import subprocess
+import sys
+
+from recsys.tracking import Tracker, flatten
+
+
+def test_flatten():
+    assert flatten({"model": {"d_model": 64, "heads": [1, 2]}, "seed": 1}) == {
+        "model.d_model": "64",
+        "model.heads": "[1, 2]",
+        "seed": "1",
+    }
+
+
+def test_disabled_tracker_does_nothing_and_never_imports_mlflow():
+    code = (
+        "import sys\n"
+        "from recsys.tracking import Tracker\n"
+        "t = Tracker.from_config({'enabled': False})\n"
+        "t.log_params({'a': 1}); t.log_metrics({'m': 1.0}); t.set_tags({'x': 'y'}); t.finish()\n"
+        "assert t.lightning_logger() is None\n"
+        "assert 'mlflow' not in sys.modules, 'mlflow was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sqlite_run_records_params_metrics_tags_and_artifacts(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}"
+    tracker = Tracker(
+        tracking_uri=uri, experiment_name="t", artifact_root=str(tmp_path / "art"), run_name="r"
+    )
+    tracker.log_params({f"p{i}": i for i in range(150)})  # more than one MLflow batch
+    tracker.log_metrics({"val/ndcg_at_10": 0.25}, step=3)
+    tracker.set_tags({"protocol.split": "temporal"})
+    (tmp_path / "a.txt").write_text("hello")
+    tracker.log_artifact(tmp_path / "a.txt", "config")
+    tracker.finish()
+
+    resumed = Tracker(tracking_uri=uri, run_id=tracker.run_id)
+    run = resumed.client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["p149"] == "149"
+    assert run.data.metrics["val/ndcg_at_10"] == 0.25
+    assert run.data.tags["protocol.split"] == "temporal"
+    files = [f.path for f in resumed.client.list_artifacts(tracker.run_id, "config")]
+    assert files == ["config/a.txt"]
+
+
+def test_environment_variable_wins(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'env.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tracker = Tracker(tracking_uri=f"sqlite:///{tmp_path / 'cfg.db'}", experiment_name="e")
+    assert tracker.tracking_uri == uri
+    assert (tmp_path / "env.db").exists() and not (tmp_path / "cfg.db").exists()

@@ -1,0 +1,65 @@
+import math
+
+import pytest
+import torch
+
+from recsys.training.metrics import (
+    MeanAccumulator,
+    rank_in_list,
+    ranking_metrics,
+    target_ranks,
+)
+
+
+def test_target_ranks_by_hand():
+    scores = torch.tensor(
+        [
+            [0.1, 0.9, 0.5, 0.5],  # target 2: only item 1 is higher -> rank 2 (tie not counted)
+            [0.4, 0.3, 0.2, 0.1],  # target 0 -> rank 1
+            [0.4, 0.3, 0.2, 0.1],  # target 3 -> rank 4
+        ]
+    )
+    ranks = target_ranks(scores, torch.tensor([2, 0, 3]))
+    assert ranks.tolist() == [2, 1, 4]
+
+
+def test_target_scored_minus_inf_is_a_miss():
+    scores = torch.tensor([[0.1, -math.inf, -math.inf, -math.inf]])
+    # a naive count would say rank 1 (nothing is above -inf); an excluded target is a miss
+    assert target_ranks(scores, torch.tensor([2])).tolist() == [5]
+
+
+def test_ranking_metrics_by_hand():
+    ranks = torch.tensor([1, 2, 3, 11])
+    m = ranking_metrics(ranks, [1, 3, 10])
+    assert m["hr_at_1"].tolist() == [1, 0, 0, 0]
+    assert m["hr_at_3"].tolist() == [1, 1, 1, 0]
+    assert m["hr_at_10"].tolist() == [1, 1, 1, 0]
+    expected_ndcg3 = [1.0, 1 / math.log2(3), 1 / math.log2(4), 0.0]
+    assert m["ndcg_at_3"].tolist() == pytest.approx(expected_ndcg3)
+    assert m["mrr_at_10"].tolist() == pytest.approx([1.0, 0.5, 1 / 3, 0.0])
+    assert m["ndcg_at_1"].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_rank_in_list():
+    ranked = torch.tensor([[5, 7, 9], [1, 2, 3]])
+    assert rank_in_list(ranked, torch.tensor([9, 4])).tolist() == [3, 4]
+
+
+def test_metrics_match_a_brute_force_loop():
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(64, 50, generator=generator)
+    target = torch.randint(0, 50, (64,), generator=generator)
+    ranks = target_ranks(scores, target)
+    for row in range(64):
+        order = sorted(range(50), key=lambda i: -scores[row, i].item())
+        assert ranks[row].item() == order.index(target[row].item()) + 1
+
+
+def test_mean_accumulator():
+    acc = MeanAccumulator()
+    acc.update({"hr": torch.tensor([1.0, 0.0])})
+    acc.update({"hr": torch.tensor([1.0])})
+    assert acc.compute() == {"hr": pytest.approx(2 / 3)}
+    with pytest.raises(ValueError, match="no rows"):
+        MeanAccumulator().compute()
