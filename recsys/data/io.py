@@ -104,7 +104,8 @@ def scan_events(source: EventSource, schema: EventSchema) -> pl.LazyFrame:
             f"(mapped as {missing}); its columns are {available}. "
             f"Fix the column mapping: {hints}"
         )
-    renames = {column: canonical for canonical, column in schema.columns.items() if column}
-    selected = [pl.col(column).alias(canonical) for column, canonical in renames.items()]
+    # keyed by canonical name: one source column may feed two canonical ones
+    renames = {canonical: column for canonical, column in schema.columns.items() if column}
+    selected = [pl.col(column).alias(canonical) for canonical, column in renames.items()]
     lf = lf.select(selected)
-    return lf.select([c for c in CANONICAL_COLUMNS if c in renames.values()])
+    return lf.select([c for c in CANONICAL_COLUMNS if c in renames])

@@ -16,7 +16,7 @@ import logging
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
@@ -206,6 +206,8 @@ def scoring_sequences(
     without targets."""
     lf = events.lazy()
     if as_of is not None:
+        if as_of.tzinfo is None:  # naive = UTC, as everywhere in recsys
+            as_of = as_of.replace(tzinfo=UTC)
         lf = lf.filter(pl.col(TIMESTAMP) <= as_of)
     lf = lf.pipe(transforms.dedupe).pipe(transforms.sort_events)
     encoded = vocab.encode(lf, behavior_column=EVENT_TYPE)

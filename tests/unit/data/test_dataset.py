@@ -1,0 +1,366 @@
+"""Tests for recsys.data.dataset (and the time buckets of recsys.data.sequences): exact batches
+on a hand-built sequence table, window coverage, time-gap conventions, and store loading."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from recsys.data.batch import SeqBatch
+from recsys.data.dataset import SequenceStore, TargetRows, TrainWindows, batch_loader
+from recsys.data.sequences import BEHAVIORS, ITEMS, TIMES, TimeBuckets
+from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET
+from recsys.schema import USER
+
+BUCKETS = TimeBuckets(unit_seconds=60, num_buckets=8)
+T, F = True, False
+
+# Item of every event = 10 + its flat index, so a batch shows exactly which events it holds.
+#   u1: 9 events, training = positions 0..6, validation target 7, test target 8
+#       gaps to the previous event: 0 0 59 60 180 420 3281 4000 500 (seconds)
+#   u2: 3 events, much later in time than u1 (a gap measured across users would be huge)
+#   u3: 1 event (nothing to train on);  u4: 4 events, none in training
+U1_TIMES = [1000, 1000, 1059, 1119, 1299, 1719, 5000, 9000, 9500]
+U2_TIMES = [1_000_000, 1_000_060, 1_000_200]
+U3_TIMES = [3000]
+U4_TIMES = [2000, 2100, 2200, 2300]
+QUERY_TIME = 1_000_500  # 300 s after u2's last event
+
+
+def sequences_frame() -> pl.DataFrame:
+    users = [("u1", U1_TIMES, 7, 7, 8), ("u2", U2_TIMES, 2, -1, 2), ("u3", U3_TIMES, 1, -1, -1)]
+    users.append(("u4", U4_TIMES, 0, -1, -1))
+    rows, flat = [], 0
+    for user, times, train_end, val, test in users:
+        items = list(range(10 + flat, 10 + flat + len(times)))
+        behaviors = [2 + (flat + i) % 4 for i in range(len(times))]
+        rows.append((user, items, behaviors, times, train_end, val, test))
+        flat += len(times)
+    return pl.DataFrame(
+        rows,
+        schema={
+            USER: pl.String,
+            ITEMS: pl.List(pl.Int32),
+            BEHAVIORS: pl.List(pl.Int8),
+            TIMES: pl.List(pl.Int64),
+            TRAIN_END: pl.Int32,
+            VAL_TARGET: pl.Int32,
+            TEST_TARGET: pl.Int32,
+        },
+        orient="row",
+    )
+
+
+@pytest.fixture
+def store() -> SequenceStore:
+    return SequenceStore.from_frame(sequences_frame())
+
+
+def long(rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def behavior_of(item: int) -> int:
+    return 0 if item == 0 else 2 + (item - 10) % 4
+
+
+# -- time buckets ------------------------------------------------------------------------------
+
+
+def test_time_bucket_edges():
+    buckets = TimeBuckets(unit_seconds=60, num_buckets=16)
+    gaps = np.array([0, 1, 59, 60, 179, 180, 419, 420, 899, 900])
+    np.testing.assert_array_equal(buckets(gaps), [1, 1, 1, 2, 2, 3, 3, 4, 4, 5])
+
+
+def test_time_bucket_caps_and_clips():
+    buckets = TimeBuckets(unit_seconds=60, num_buckets=16)
+    np.testing.assert_array_equal(buckets(np.array([10**12, 2**62])), [16, 16])
+    np.testing.assert_array_equal(buckets(np.array([-1, -(10**9)])), [1, 1])
+    assert buckets.num_embeddings == 17
+    np.testing.assert_array_equal(TimeBuckets(60, 1)(np.array([0, 10**6])), [1, 1])
+
+
+def test_time_bucket_unit_is_configurable():
+    days = TimeBuckets(unit_seconds=86_400, num_buckets=12)
+    np.testing.assert_array_equal(days(np.array([0, 86_399, 86_400, 3 * 86_400])), [1, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"unit_seconds": 0}, "unit_seconds=0 must be > 0"),
+        ({"unit_seconds": -5.0}, "unit_seconds=-5.0 must be > 0"),
+        ({"num_buckets": 0}, "num_buckets=0 must be in [1, 64]"),
+        ({"num_buckets": 65}, "num_buckets=65 must be in [1, 64]"),
+    ],
+)
+def test_time_bucket_validation(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        TimeBuckets(**kwargs)
+    assert message in str(info.value)
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+def test_store_from_frame_flattens_lists(store):
+    np.testing.assert_array_equal(store.offsets, [0, 9, 12, 13, 17])
+    np.testing.assert_array_equal(store.lengths, [9, 3, 1, 4])
+    np.testing.assert_array_equal(store.item, np.arange(10, 27))
+    np.testing.assert_array_equal(store.timestamp, U1_TIMES + U2_TIMES + U3_TIMES + U4_TIMES)
+    np.testing.assert_array_equal(store.train_end, [7, 2, 1, 0])
+    np.testing.assert_array_equal(store.val_target, [7, -1, -1, -1])
+    np.testing.assert_array_equal(store.test_target, [8, 2, -1, -1])
+    assert store.user_id.to_list() == ["u1", "u2", "u3", "u4"]
+    assert store.num_users == 4
+    for name in ("item", "behavior", "timestamp", "train_end", "val_target", "test_target"):
+        assert getattr(store, name).dtype == np.int64, name
+
+
+def test_store_from_parquet_equals_from_frame(tmp_path):
+    frame = sequences_frame()
+    frame.write_parquet(tmp_path / "sequences.parquet")
+    # several row groups / chunks must not change anything
+    chunked = pl.concat([frame[:2], frame[2:]], rechunk=False)
+    stores = [
+        SequenceStore.from_frame(frame),
+        SequenceStore.from_frame(chunked),
+        SequenceStore.from_parquet(tmp_path / "sequences.parquet"),
+        SequenceStore.from_parquet(str(tmp_path / "sequences.parquet")),
+    ]
+    for other in stores[1:]:
+        assert other.user_id.equals(stores[0].user_id)
+        for name in (
+            "offsets",
+            "item",
+            "behavior",
+            "timestamp",
+            "train_end",
+            "val_target",
+            "test_target",
+        ):
+            np.testing.assert_array_equal(getattr(other, name), getattr(stores[0], name), name)
+
+
+# -- training windows ------------------------------------------------------------------------
+
+
+def test_train_windows_exact_batch(store):
+    windows = TrainWindows(store, max_seq_len=3, time_buckets=BUCKETS)
+    # u1 (7 training events): [e3 e4 e5 e6] then [e0 e1 e2 e3]; u2 (2): [e0 e1]; u3, u4: none
+    assert len(windows) == 3
+    batch = windows[[0, 1, 2]]
+    assert isinstance(batch, SeqBatch)
+    assert len(batch) == 3
+    expected_item = long([[13, 14, 15], [10, 11, 12], [0, 0, 19]])
+    expected_target = long([[14, 15, 16], [11, 12, 13], [0, 0, 20]])
+    torch.testing.assert_close(batch.item, expected_item)
+    torch.testing.assert_close(batch.target_item, expected_target)
+    torch.testing.assert_close(batch.padding_mask, torch.tensor([[T, T, T], [T, T, T], [F, F, T]]))
+    behavior = expected_item.apply_(behavior_of)
+    torch.testing.assert_close(batch.behavior, behavior)
+    torch.testing.assert_close(batch.target_behavior, expected_target.clone().apply_(behavior_of))
+    # gap to the previous event of the same user; e3's previous event (e2) is outside the window
+    # u2's first event: 0, not the (huge) gap to u1's last event
+    torch.testing.assert_close(batch.time_bucket, long([[2, 3, 4], [1, 1, 1], [0, 0, 1]]))
+    # training: gap from each event to the next one (its target)
+    torch.testing.assert_close(batch.query_time_bucket, long([[3, 4, 6], [1, 1, 2], [0, 0, 2]]))
+    torch.testing.assert_close(batch.user_index, long([0, 0, 1]))
+    for name in ("item", "behavior", "time_bucket", "query_time_bucket", "target_item"):
+        assert getattr(batch, name).dtype == torch.long, name
+
+
+def test_train_windows_never_reach_the_evaluation_events(store):
+    for max_seq_len in (1, 2, 3, 4, 8, 50):
+        windows = TrainWindows(store, max_seq_len=max_seq_len, time_buckets=BUCKETS)
+        batch = windows[list(range(len(windows)))]
+        seen = torch.cat([batch.item[batch.padding_mask], batch.target_item[batch.padding_mask]])
+        # u1's validation / test events (items 17, 18) and all of u4 (23..26) stay out
+        assert not set(seen.tolist()) & {17, 18, 23, 24, 25, 26}
+
+
+def test_train_windows_left_padding_is_all_zero(store):
+    windows = TrainWindows(store, max_seq_len=6, time_buckets=BUCKETS)
+    batch = windows[list(range(len(windows)))]
+    pad = ~batch.padding_mask
+    assert pad.any()
+    for name in ("item", "behavior", "time_bucket", "query_time_bucket", "target_item"):
+        assert (getattr(batch, name)[pad] == 0).all(), name
+    # left padding: once a row turns real it stays real
+    assert (batch.padding_mask.int().diff(dim=1) >= 0).all()
+    assert batch.padding_mask[:, -1].all()
+
+
+def random_store(seed: int, num_users: int = 40) -> SequenceStore:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 25, size=num_users)
+    train_end = np.array([rng.integers(0, n + 1) for n in lengths])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    times = [np.sort(rng.integers(0, 10**6, size=n)) for n in lengths]
+    frame = pl.DataFrame(
+        {
+            USER: [f"u{i}" for i in range(num_users)],
+            ITEMS: [list(range(offsets[u] + 10, offsets[u + 1] + 10)) for u in range(num_users)],
+            BEHAVIORS: [[2] * n for n in lengths],
+            TIMES: [t.tolist() for t in times],
+            TRAIN_END: train_end,
+            VAL_TARGET: [-1] * num_users,
+            TEST_TARGET: [-1] * num_users,
+        },
+        schema_overrides={
+            ITEMS: pl.List(pl.Int32),
+            BEHAVIORS: pl.List(pl.Int8),
+            TRAIN_END: pl.Int32,
+            VAL_TARGET: pl.Int32,
+            TEST_TARGET: pl.Int32,
+        },
+    )
+    return SequenceStore.from_frame(frame)
+
+
+@pytest.mark.parametrize("max_seq_len", [1, 2, 3, 7, 30])
+def test_train_windows_partition_the_targets(max_seq_len):
+    store = random_store(seed=max_seq_len)
+    windows = TrainWindows(store, max_seq_len=max_seq_len, time_buckets=BUCKETS)
+    batch = windows[list(range(len(windows)))]
+    mask = batch.padding_mask
+    targets = batch.target_item[mask].numpy() - 10  # back to flat indices
+    inputs = batch.item[mask].numpy() - 10
+    np.testing.assert_array_equal(targets, inputs + 1)
+    expected = np.concatenate(
+        [
+            np.arange(store.offsets[u] + 1, store.offsets[u] + store.train_end[u])
+            for u in range(store.num_users)
+        ]
+    )
+    # every training event from a user's second on is a target exactly once
+    np.testing.assert_array_equal(np.sort(targets), expected)
+    assert len(np.unique(targets)) == len(targets)
+    # no window holds more than max_seq_len inputs, and targets stay in their user's history
+    assert (mask.sum(dim=1) <= max_seq_len).all()
+    user = batch.user_index.numpy()
+    assert (targets.reshape(-1) >= 0).all()
+    first = np.repeat(store.offsets[user], mask.sum(dim=1).numpy())
+    stop = np.repeat(store.offsets[user] + store.train_end[user], mask.sum(dim=1).numpy())
+    assert ((inputs >= first) & (targets < stop)).all()
+
+
+def test_train_windows_time_buckets_never_cross_users():
+    store = random_store(seed=3)
+    windows = TrainWindows(store, max_seq_len=5, time_buckets=BUCKETS)
+    batch = windows[list(range(len(windows)))]
+    flat = (batch.item - 10).numpy()
+    mask = batch.padding_mask.numpy()
+    user = np.repeat(batch.user_index.numpy()[:, None], flat.shape[1], axis=1)
+    is_first = flat == store.offsets[user]
+    previous = np.where(is_first, flat, flat - 1)
+    gaps = store.timestamp[np.where(mask, flat, 0)] - store.timestamp[np.where(mask, previous, 0)]
+    expected = np.where(mask, BUCKETS(gaps), 0)
+    np.testing.assert_array_equal(batch.time_bucket.numpy(), expected)
+    next_gap = (
+        store.timestamp[np.where(mask, flat + 1, 0)] - store.timestamp[np.where(mask, flat, 0)]
+    )
+    np.testing.assert_array_equal(
+        batch.query_time_bucket.numpy(), np.where(mask, BUCKETS(next_gap), 0)
+    )
+
+
+def test_max_seq_len_must_be_positive(store):
+    with pytest.raises(ValueError, match="max_seq_len=0 must be >= 1"):
+        TrainWindows(store, max_seq_len=0, time_buckets=BUCKETS)
+
+
+# -- evaluation and scoring rows -------------------------------------------------------------
+
+
+def test_target_rows_exact_batch(store):
+    rows = TargetRows(store, store.test_target, max_seq_len=3, time_buckets=BUCKETS)
+    assert len(rows) == 2  # u1 and u2
+    batch = rows[[0, 1]]
+    torch.testing.assert_close(batch.item, long([[15, 16, 17], [0, 19, 20]]))
+    torch.testing.assert_close(batch.padding_mask, torch.tensor([[T, T, T], [F, T, T]]))
+    torch.testing.assert_close(batch.target_item, long([18, 21]))
+    torch.testing.assert_close(batch.target_behavior, long([behavior_of(18), behavior_of(21)]))
+    torch.testing.assert_close(batch.user_index, long([0, 1]))
+    # gaps to the previous event: e5 420 s, e6 3281 s, e7 4000 s | u2: first 0, then 60 s
+    torch.testing.assert_close(batch.time_bucket, long([[4, 6, 7], [0, 1, 2]]))
+    # only the last position predicts: gap to the target (500 s -> 4; 140 s -> 2)
+    torch.testing.assert_close(batch.query_time_bucket, long([[0, 0, 4], [0, 0, 2]]))
+
+
+def test_target_rows_skip_users_without_a_target_or_history(store):
+    rows = TargetRows(store, np.array([7, 0, -1, 3]), max_seq_len=2, time_buckets=BUCKETS)
+    np.testing.assert_array_equal(rows.rows, [0, 3])
+    batch = rows[[0, 1]]
+    torch.testing.assert_close(batch.item, long([[15, 16], [24, 25]]))
+    torch.testing.assert_close(batch.target_item, long([17, 26]))
+    # query time = the target's time even when a query_time is given
+    with_query = TargetRows(
+        store, np.array([7, 0, -1, 3]), max_seq_len=2, time_buckets=BUCKETS, query_time=QUERY_TIME
+    )
+    torch.testing.assert_close(with_query[[0, 1]].query_time_bucket, batch.query_time_bucket)
+    # u1: 9000 - 5000 = 4000 s -> 7; u4: 100 s -> 2
+    torch.testing.assert_close(batch.query_time_bucket, long([[0, 7], [0, 2]]))
+
+
+def test_scoring_rows_use_the_whole_history_and_query_time(store):
+    rows = TargetRows(
+        store,
+        store.lengths,
+        max_seq_len=3,
+        time_buckets=BUCKETS,
+        has_target=False,
+        query_time=QUERY_TIME,
+    )
+    assert len(rows) == 4
+    batch = rows[[0, 1, 2, 3]]
+    torch.testing.assert_close(
+        batch.item, long([[16, 17, 18], [19, 20, 21], [0, 0, 22], [24, 25, 26]])
+    )
+    torch.testing.assert_close(batch.target_item, long([0, 0, 0, 0]))
+    torch.testing.assert_close(batch.target_behavior, long([0, 0, 0, 0]))
+    # the gap from each user's last event to QUERY_TIME: u1 991000 s -> capped at 8;
+    # u2 300 s -> 3; u3 997500 s -> 8; u4 998200 s -> 8
+    torch.testing.assert_close(
+        batch.query_time_bucket,
+        long([[0, 0, 8], [0, 0, 3], [0, 0, 8], [0, 0, 8]]),
+    )
+    # without a query time nothing is conditioned on
+    no_time = TargetRows(
+        store, store.lengths, max_seq_len=3, time_buckets=BUCKETS, has_target=False
+    )
+    assert (no_time[[0, 1, 2, 3]].query_time_bucket == 0).all()
+
+
+def test_query_time_before_last_event_is_clipped_to_the_first_bucket(store):
+    rows = TargetRows(
+        store, store.lengths, max_seq_len=2, time_buckets=BUCKETS, has_target=False, query_time=0
+    )
+    batch = rows[[0, 1, 2, 3]]
+    torch.testing.assert_close(batch.query_time_bucket[:, -1], long([1, 1, 1, 1]))
+
+
+# -- loader ------------------------------------------------------------------------------------
+
+
+def test_batch_loader_yields_every_window_once_and_is_seeded():
+    store = random_store(seed=9)
+    windows = TrainWindows(store, max_seq_len=4, time_buckets=BUCKETS)
+
+    def run(seed: int) -> list[torch.Tensor]:
+        loader = batch_loader(windows, batch_size=7, shuffle=True, seed=seed)
+        return [batch.target_item[:, -1] for batch in loader]
+
+    first, again, other = run(0), run(0), run(1)
+    assert all(len(b) <= 7 for b in first)
+    seen = torch.cat(first)
+    assert len(seen) == len(windows)
+    # the last target of a window is its most recent event: unique per window
+    assert len(set(seen.tolist())) == len(windows)
+    assert torch.equal(seen, torch.cat(again))
+    assert not torch.equal(seen, torch.cat(other))
+    with pytest.raises(ValueError, match="batch_size=0"):
+        batch_loader(windows, batch_size=0, shuffle=False)

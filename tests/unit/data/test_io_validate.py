@@ -1,0 +1,446 @@
+"""Tests for recsys.data.io and recsys.data.validate, driven through ``load_events`` and
+``prepare_dataset``: every way a log can be malformed gives an actionable error and writes
+nothing; every supported way of handing over a log is read to the same canonical frame."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from recsys.data.io import DataError
+from recsys.data.prepare import PrepareSettings, load_events, prepare_dataset
+from recsys.data.synthetic import generate_events
+from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
+
+# A schema without the optional category column: most hand-written logs below have none.
+NO_CATEGORY = {USER: USER, ITEM: ITEM, TIMESTAMP: TIMESTAMP, EVENT_TYPE: EVENT_TYPE}
+SCHEMA = EventSchema(columns=NO_CATEGORY)
+HEADER = "user_id,item_id,timestamp,event_type\n"
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def prepare_fails(
+    tmp_path: Path, source, schema: EventSchema = SCHEMA, match: str | None = None
+) -> str:
+    """Run ``prepare_dataset`` expecting a DataError; check that nothing (no output folder, no
+    temporary sibling) was written next to the inputs, and return the message."""
+    before = {p.name for p in tmp_path.iterdir()}
+    with pytest.raises(DataError, match=match) as info:
+        prepare_dataset(
+            source, schema=schema, settings=PrepareSettings(), out_dir=tmp_path / "prep"
+        )
+    after = {p.name for p in tmp_path.iterdir()}
+    assert after == before, f"a failed prepare left {sorted(after - before)} behind"
+    return str(info.value)
+
+
+def instants(df: pl.DataFrame) -> list[datetime]:
+    return df[TIMESTAMP].to_list()
+
+
+@pytest.fixture(scope="module")
+def small_log() -> pl.DataFrame:
+    return generate_events(num_users=40, num_items=60, num_categories=5, seed=11)
+
+
+# -- failures: each names the problem and the fix, and leaves nothing behind ------------------
+
+
+def test_missing_column_names_file_column_and_mapping_fix(tmp_path):
+    path = write(tmp_path / "in", "log.csv", "user_id,item_id,ts,event_type\n1,2,10,view\n")
+    message = prepare_fails(tmp_path, path)
+    assert str(path) in message
+    assert "'timestamp'" in message
+    assert "data.columns.timestamp=" in message
+    # the columns that *are* there are listed, so the user can pick the right one
+    assert "'ts'" in message
+
+
+def test_missing_category_column_when_mapped(tmp_path):
+    path = write(tmp_path / "in", "log.csv", HEADER + "1,2,10,view\n")
+    message = prepare_fails(tmp_path, path, schema=EventSchema())
+    assert "'category'" in message
+    assert "data.columns.category=" in message
+
+
+def test_empty_csv_file(tmp_path):
+    path = write(tmp_path / "in", "log.csv", "")
+    message = prepare_fails(tmp_path, path)
+    assert str(path) in message
+    assert "empty" in message
+
+
+def test_header_only_csv(tmp_path):
+    path = write(tmp_path / "in", "log.csv", HEADER)
+    message = prepare_fails(tmp_path, path)
+    assert str(path) in message
+    assert "no rows" in message
+
+
+@pytest.mark.parametrize("name", ["log.txt", "log.json", "log"])
+def test_unsupported_extension(tmp_path, name):
+    path = write(tmp_path / "in", name, HEADER + "1,2,10,view\n")
+    message = prepare_fails(tmp_path, path)
+    assert str(path) in message
+    assert "unsupported file type" in message
+    assert ".csv" in message and ".parquet" in message
+
+
+def test_nonexistent_path(tmp_path):
+    path = tmp_path / "in" / "missing.csv"
+    message = prepare_fails(tmp_path, path)
+    assert str(path) in message
+    assert "does not exist" in message
+    assert "data.source.path" in message
+
+
+def test_unparseable_timestamps_are_counted_and_quoted(tmp_path):
+    path = write(
+        tmp_path / "in",
+        "log.csv",
+        HEADER
+        + "1,2,2024-01-01T00:00:00Z,view\n"
+        + "1,3,not-a-time,view\n"
+        + "2,3,2024-13-45,view\n"
+        + "2,4,2024-01-02T00:00:00Z,view\n",
+    )
+    message = prepare_fails(tmp_path, path)
+    assert str(path) in message
+    assert "2 row(s)" in message
+    assert "'not-a-time'" in message
+    assert "'2024-13-45'" in message
+    assert "timestamp_unit" in message and "ISO 8601" in message
+
+
+def test_null_ids_are_counted_per_column(tmp_path):
+    path = write(
+        tmp_path / "in",
+        "log.csv",
+        HEADER + ",2,10,view\n1,,11,view\n,,12,view\n1,3,13,view\n",
+    )
+    message = prepare_fails(tmp_path, path)
+    assert "2 row(s) with a null 'user_id'" in message
+    assert "2 row(s) with a null 'item_id'" in message
+    assert "nothing was written" in message
+
+
+def test_null_ids_message_names_the_users_column(tmp_path):
+    schema = EventSchema(
+        columns={USER: "visitor", ITEM: "sku", TIMESTAMP: "ts", EVENT_TYPE: "event"}
+    )
+    frame = pl.DataFrame(
+        {"visitor": [None, 1], "sku": [1, 2], "ts": [10, 11], "event": ["view", "view"]}
+    )
+    message = prepare_fails(tmp_path, frame, schema=schema)
+    assert "1 row(s) with a null 'user_id' (column 'visitor'" in message
+
+
+def test_unknown_event_types_are_listed_with_alias_hint(tmp_path):
+    path = write(
+        tmp_path / "in",
+        "log.csv",
+        HEADER + "1,2,10,view\n1,3,11,wishlist\n2,3,12,share\n2,4,13,wishlist\n",
+    )
+    message = prepare_fails(tmp_path, path)
+    assert "3 row(s) with an event type outside" in message
+    assert "'wishlist'" in message and "'share'" in message
+    assert "behavior_aliases" in message
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    path = write(
+        tmp_path / "in",
+        "log.csv",
+        HEADER + ",2,2024-01-01,view\n1,3,garbage,view\n1,4,2024-01-01,teleport\n",
+    )
+    message = prepare_fails(tmp_path, path)
+    assert "null 'user_id'" in message
+    assert "'garbage'" in message
+    assert "'teleport'" in message
+
+
+def test_empty_in_memory_frame(tmp_path):
+    frame = pl.DataFrame(
+        {USER: [], ITEM: [], TIMESTAMP: [], EVENT_TYPE: []},
+        schema={USER: pl.Int64, ITEM: pl.Int64, TIMESTAMP: pl.Int64, EVENT_TYPE: pl.String},
+    )
+    message = prepare_fails(tmp_path, frame)
+    assert "in-memory polars frame" in message
+    assert "no rows" in message
+
+
+def test_unsupported_source_type():
+    with pytest.raises(DataError, match="cannot read events from dict"):
+        load_events({"user_id": [1]}, SCHEMA)
+
+
+def test_schema_rejects_unmapped_required_column():
+    with pytest.raises(ValueError, match=r"data\.columns\.<name>"):
+        EventSchema(columns={USER: "u", ITEM: "i", TIMESTAMP: "t"})
+
+
+def test_folder_of_mixed_file_types(tmp_path):
+    folder = tmp_path / "in"
+    write(folder, "a.csv", HEADER + "1,2,10,view\n")
+    pl.DataFrame({USER: [1], ITEM: [2], TIMESTAMP: [11], EVENT_TYPE: ["view"]}).write_parquet(
+        folder / "b.parquet"
+    )
+    message = prepare_fails(tmp_path, folder)
+    assert "mixes file types" in message
+
+
+def test_failure_keeps_an_existing_prepared_folder(tmp_path, small_log):
+    out = tmp_path / "prep"
+    prepare_dataset(small_log, schema=EventSchema(), settings=PrepareSettings(), out_dir=out)
+    before = sorted(p.name for p in out.iterdir())
+    bad = small_log.with_columns(pl.lit("teleport").alias(EVENT_TYPE))
+    with pytest.raises(DataError):
+        prepare_dataset(bad, schema=EventSchema(), settings=PrepareSettings(), out_dir=out)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["prep"]
+
+
+# -- reading: mappings, aliases, timestamps ---------------------------------------------------
+
+
+def test_renamed_columns_are_mapped_and_extra_columns_dropped():
+    schema = EventSchema(
+        columns={
+            USER: "visitorid",
+            ITEM: "itemid",
+            TIMESTAMP: "ts",
+            EVENT_TYPE: "event",
+            CATEGORY: "cat",
+        }
+    )
+    frame = pl.DataFrame(
+        {
+            "ts": [100, 200],
+            "visitorid": ["u1", "u2"],
+            "junk": [1.5, 2.5],
+            "itemid": [7, 8],
+            "event": ["view", "cart"],
+            "cat": [3, None],
+        }
+    )
+    expected = pl.DataFrame(
+        {
+            USER: ["u1", "u2"],
+            ITEM: [7, 8],
+            TIMESTAMP: [utc(1970, 1, 1, 0, 1, 40), utc(1970, 1, 1, 0, 3, 20)],
+            EVENT_TYPE: ["view", "cart"],
+            CATEGORY: ["3", None],
+        },
+        schema={
+            USER: pl.String,
+            ITEM: pl.Int64,
+            TIMESTAMP: pl.Datetime("us", "UTC"),
+            EVENT_TYPE: pl.String,
+            CATEGORY: pl.String,
+        },
+    )
+    assert_frame_equal(load_events(frame, schema), expected)
+
+
+def test_swapped_column_names_are_renamed_simultaneously():
+    # the user's "item_id" column holds users and vice versa
+    schema = EventSchema(
+        columns={USER: ITEM, ITEM: USER, TIMESTAMP: TIMESTAMP, EVENT_TYPE: EVENT_TYPE}
+    )
+    frame = pl.DataFrame({ITEM: ["u1"], USER: ["i9"], TIMESTAMP: [0], EVENT_TYPE: ["view"]})
+    out = load_events(frame, schema)
+    assert out[USER].to_list() == ["u1"]
+    assert out[ITEM].to_list() == ["i9"]
+
+
+def test_one_column_may_feed_two_canonical_columns():
+    # e.g. a log without categories whose items double as their own category
+    schema = EventSchema(
+        columns={USER: "u", ITEM: "sku", TIMESTAMP: "t", EVENT_TYPE: "e", CATEGORY: "sku"}
+    )
+    frame = pl.DataFrame({"u": [1], "sku": [42], "t": [0], "e": ["view"]})
+    out = load_events(frame, schema)
+    assert out.columns == [USER, ITEM, TIMESTAMP, EVENT_TYPE, CATEGORY]
+    assert out.row(0) == (1, 42, utc(1970, 1, 1), "view", "42")
+
+
+def test_behavior_aliases_map_raw_names():
+    schema = EventSchema(columns=NO_CATEGORY, behavior_aliases={"pv": "view", "buy": "purchase"})
+    frame = pl.DataFrame(
+        {
+            USER: [1, 1, 1, 1],
+            ITEM: [1, 2, 3, 4],
+            TIMESTAMP: [1, 2, 3, 4],
+            EVENT_TYPE: ["pv", "view", "buy", "cart"],
+        }
+    )
+    assert load_events(frame, schema)[EVENT_TYPE].to_list() == ["view", "view", "purchase", "cart"]
+
+
+def test_alias_to_unknown_behavior_is_rejected():
+    with pytest.raises(ValueError, match="behavior_aliases"):
+        EventSchema(columns=NO_CATEGORY, behavior_aliases={"pv": "glance"})
+
+
+def test_unix_seconds_integer_and_float():
+    frame = pl.DataFrame(
+        {USER: [1, 1], ITEM: [1, 2], TIMESTAMP: [0, 1_700_000_000], EVENT_TYPE: ["view"] * 2}
+    )
+    assert instants(load_events(frame, SCHEMA)) == [utc(1970, 1, 1), utc(2023, 11, 14, 22, 13, 20)]
+    floats = frame.with_columns(pl.Series(TIMESTAMP, [0.25, 1_700_000_000.5]))
+    assert instants(load_events(floats, SCHEMA)) == [
+        datetime(1970, 1, 1, 0, 0, 0, 250_000, tzinfo=UTC),
+        datetime(2023, 11, 14, 22, 13, 20, 500_000, tzinfo=UTC),
+    ]
+
+
+def test_unix_milliseconds(tmp_path):
+    path = write(tmp_path, "log.csv", HEADER + "1,1,1700000000123,view\n1,2,1000,view\n")
+    events = load_events(path, EventSchema(columns=NO_CATEGORY, timestamp_unit="ms"))
+    assert instants(events) == [
+        datetime(2023, 11, 14, 22, 13, 20, 123_000, tzinfo=UTC),
+        utc(1970, 1, 1, 0, 0, 1),
+    ]
+
+
+def test_iso_strings_with_and_without_offsets(tmp_path):
+    values = [
+        "2024-03-10T12:00:00Z",  # trailing Z = UTC
+        "2024-03-10T12:00:00z",
+        "2024-03-10T12:00:00+02:00",  # east of UTC: earlier instant
+        "2024-03-10T12:00:00-05:30",
+        "2024-03-10 12:00:00",  # naive = UTC
+        "2024-03-10T12:00:00.250",
+        "2024-03-10T12:00:00.000001+00:00",
+        "2024-03-10T12:00",
+        "2024-03-10",
+        " 2024-03-10T12:00:00Z ",
+    ]
+    body = "".join(f'1,{i},"{v}",view\n' for i, v in enumerate(values))
+    events = load_events(write(tmp_path, "log.csv", HEADER + body), SCHEMA)
+    assert events.schema[TIMESTAMP] == pl.Datetime("us", "UTC")
+    assert instants(events) == [
+        utc(2024, 3, 10, 12),
+        utc(2024, 3, 10, 12),
+        utc(2024, 3, 10, 10),
+        utc(2024, 3, 10, 17, 30),
+        utc(2024, 3, 10, 12),
+        datetime(2024, 3, 10, 12, 0, 0, 250_000, tzinfo=UTC),
+        datetime(2024, 3, 10, 12, 0, 0, 1, tzinfo=UTC),
+        utc(2024, 3, 10, 12),
+        utc(2024, 3, 10),
+        utc(2024, 3, 10, 12),
+    ]
+
+
+def test_polars_datetimes_aware_and_naive():
+    naive = pl.DataFrame(
+        {USER: [1], ITEM: [1], TIMESTAMP: [datetime(2024, 6, 1, 8)], EVENT_TYPE: ["view"]}
+    )
+    assert instants(load_events(naive, SCHEMA)) == [utc(2024, 6, 1, 8)]
+    berlin = naive.with_columns(
+        pl.col(TIMESTAMP).cast(pl.Datetime("ns")).dt.replace_time_zone("Europe/Berlin")
+    )
+    # 08:00 in Berlin in summer (CEST, UTC+2) is 06:00 UTC
+    events = load_events(berlin, SCHEMA)
+    assert events.schema[TIMESTAMP] == pl.Datetime("us", "UTC")
+    assert instants(events) == [utc(2024, 6, 1, 6)]
+
+
+def test_polars_dates_are_midnight_utc():
+    frame = pl.DataFrame(
+        {USER: [1], ITEM: [1], TIMESTAMP: [datetime(2024, 6, 1).date()], EVENT_TYPE: ["view"]}
+    )
+    assert instants(load_events(frame, SCHEMA)) == [utc(2024, 6, 1)]
+
+
+def test_pandas_frames_aware_naive_and_strings():
+    eastern = pd.DataFrame(
+        {
+            USER: ["a", "b"],
+            ITEM: [1, 2],
+            TIMESTAMP: pd.to_datetime(["2024-01-15 09:00", "2024-07-15 09:00"]).tz_localize(
+                "America/New_York"
+            ),
+            EVENT_TYPE: ["view", "pv"],
+        }
+    )
+    schema = EventSchema(columns=NO_CATEGORY, behavior_aliases={"pv": "view"})
+    events = load_events(eastern, schema)
+    # EST is UTC-5 in January, EDT UTC-4 in July
+    assert instants(events) == [utc(2024, 1, 15, 14), utc(2024, 7, 15, 13)]
+    assert events[USER].to_list() == ["a", "b"]
+    assert events[EVENT_TYPE].to_list() == ["view", "view"]
+
+    naive = eastern.assign(**{TIMESTAMP: pd.to_datetime(["2024-01-15 09:00", "2024-07-15 09:00"])})
+    assert instants(load_events(naive, schema)) == [utc(2024, 1, 15, 9), utc(2024, 7, 15, 9)]
+
+    strings = eastern.assign(**{TIMESTAMP: ["2024-01-15T09:00:00Z", "2024-07-15T09:00:00-04:00"]})
+    assert instants(load_events(strings, schema)) == [utc(2024, 1, 15, 9), utc(2024, 7, 15, 13)]
+
+
+def test_pandas_nan_ids_are_null_ids(tmp_path):
+    frame = pd.DataFrame(
+        {USER: [1.0, float("nan")], ITEM: [1, 2], TIMESTAMP: [0, 1], EVENT_TYPE: ["view"] * 2}
+    )
+    message = prepare_fails(tmp_path, frame)
+    assert "in-memory pandas frame" in message
+    assert "1 row(s) with a null 'user_id'" in message
+
+
+def test_same_log_from_csv_parquet_pandas_and_polars(tmp_path, small_log):
+    schema = EventSchema()
+    csv = tmp_path / "log.csv"
+    parquet = tmp_path / "log.parquet"
+    pq_suffix = tmp_path / "log.pq"
+    small_log.write_csv(csv)
+    small_log.write_parquet(parquet)
+    small_log.write_parquet(pq_suffix)
+    reference = load_events(small_log, schema)
+    assert reference.height == small_log.height
+    assert_frame_equal(reference, small_log.select(reference.columns))
+    for source in (csv, str(csv), parquet, pq_suffix, small_log.lazy(), small_log.to_pandas()):
+        assert_frame_equal(load_events(source, schema), reference)
+
+
+def test_folder_of_parquet_files_is_read_as_one_log(tmp_path, small_log):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    half = small_log.height // 2
+    small_log[:half].write_parquet(folder / "part-0.parquet")
+    small_log[half:].write_parquet(folder / "part-1.parquet")
+    assert_frame_equal(load_events(folder, EventSchema()), load_events(small_log, EventSchema()))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_prepare_from_files_matches_in_memory(tmp_path, small_log, suffix):
+    path = tmp_path / f"log{suffix}"
+    getattr(small_log, "write_csv" if suffix == ".csv" else "write_parquet")(path)
+    settings = PrepareSettings()
+    from_file = prepare_dataset(
+        path, schema=EventSchema(), settings=settings, out_dir=tmp_path / "a"
+    )
+    in_memory = prepare_dataset(
+        small_log, schema=EventSchema(), settings=settings, out_dir=tmp_path / "b"
+    )
+    assert from_file["source"] == str(path)
+    assert from_file["fingerprint"] == in_memory["fingerprint"]
+    assert_frame_equal(
+        pl.read_parquet(tmp_path / "a" / "sequences.parquet"),
+        pl.read_parquet(tmp_path / "b" / "sequences.parquet"),
+    )

@@ -1,0 +1,314 @@
+"""Tests for recsys.data.prepare: the prepared folder and its statistics, the fingerprint, atomic
+replacement, and scoring sequences built with a saved vocabulary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from recsys.data.dataset import SequenceStore
+from recsys.data.prepare import (
+    SEQUENCES_FILE,
+    STATS_FILE,
+    PrepareSettings,
+    load_events,
+    load_stats,
+    prepare_dataset,
+    scoring_sequences,
+)
+from recsys.data.sequences import BEHAVIORS, ITEMS, SEQUENCE_COLUMNS, TIMES, TimeBuckets
+from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET, SplitSettings
+from recsys.data.synthetic import generate_events
+from recsys.data.vocab import FILES, INDEX, Vocab
+from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, UNK_IDX, USER, EventSchema
+
+SCHEMA = EventSchema()
+SETTINGS = PrepareSettings()
+FOLDER_FILES = sorted([SEQUENCES_FILE, STATS_FILE, *FILES.values()])
+
+
+def synthetic(seed: int = 4) -> pl.DataFrame:
+    return generate_events(num_users=50, num_items=70, num_categories=5, seed=seed)
+
+
+def with_noise(events: pl.DataFrame) -> tuple[pl.DataFrame, int, int, int]:
+    """Add 7 exact duplicates and 3 users who end up with one event each (one of them only
+    after dedupe); return the log, duplicates, small users and their events."""
+    duplicates = events[[0, 5, 9, 100, 101, 102, 400]]
+    t = datetime(2024, 1, 10, tzinfo=UTC)
+    small = pl.DataFrame(
+        {
+            USER: [1, 2, 3, 3],
+            ITEM: [events[ITEM][0]] * 4,
+            CATEGORY: [events[CATEGORY][0]] * 4,
+            EVENT_TYPE: ["view"] * 4,
+            TIMESTAMP: [t, t, t, t],  # user 3's two rows are one event twice
+        },
+        schema=events.schema,
+    )
+    return pl.concat([events, duplicates, small]), 7 + 1, 3, 3
+
+
+def prepare(source, out, settings: PrepareSettings = SETTINGS, schema: EventSchema = SCHEMA):
+    return prepare_dataset(source, schema=schema, settings=settings, out_dir=out)
+
+
+def test_folder_contents_and_stats_file(tmp_path):
+    events, _, _, _ = with_noise(synthetic())
+    stats = prepare(events, tmp_path / "prep")
+    assert sorted(p.name for p in (tmp_path / "prep").iterdir()) == FOLDER_FILES
+    assert [p.name for p in tmp_path.iterdir()] == ["prep"]  # no temporary folder left
+    assert load_stats(tmp_path / "prep") == json.loads(json.dumps(stats, default=str))
+    sequences = pl.read_parquet(tmp_path / "prep" / SEQUENCES_FILE)
+    assert tuple(sequences.columns) == SEQUENCE_COLUMNS
+    assert sequences.schema[ITEMS] == pl.List(pl.Int32)
+    assert sequences.schema[BEHAVIORS] == pl.List(pl.Int8)
+    assert sequences.schema[TIMES] == pl.List(pl.Int64)
+
+
+def test_stats_counts_add_up(tmp_path):
+    clean_events = synthetic()
+    events, duplicates, small_users, small_events = with_noise(clean_events)
+    stats = prepare(events, tmp_path / "prep")
+    sequences = pl.read_parquet(tmp_path / "prep" / SEQUENCES_FILE)
+    vocab = Vocab.load(tmp_path / "prep")
+
+    assert stats["rows_read"] == events.height
+    assert stats["duplicates_removed"] == duplicates
+    assert stats["users_below_min_events"] == small_users
+    assert stats["events_of_users_below_min_events"] == small_events
+    assert stats["events"] == clean_events.height
+    assert stats["rows_read"] == (
+        stats["events"] + stats["duplicates_removed"] + stats["events_of_users_below_min_events"]
+    )
+    assert stats["users"] == sequences.height == clean_events[USER].n_unique()
+    assert stats["events"] == sequences[ITEMS].list.len().sum()
+    assert stats["train_events"] == sequences[TRAIN_END].sum()
+    assert stats["train_users"] == (sequences[TRAIN_END] >= 2).sum()
+    assert stats["val_targets"] == (sequences[VAL_TARGET] >= 0).sum() > 0
+    assert stats["test_targets"] == (sequences[TEST_TARGET] >= 0).sum() > 0
+    assert stats["num_items"] == vocab.num_items
+    assert stats["num_categories"] == vocab.num_categories
+    assert stats["num_behaviors"] == vocab.num_behaviors == 6
+    assert stats["vocab_hash"] == vocab.content_hash()
+    assert stats["source"] == "<in-memory polars frame>"
+    assert stats["schema"] == SCHEMA.to_dict()
+    assert stats["time_buckets"] == {"unit_seconds": 60.0, "num_buckets": 16}
+    assert stats["min_user_events"] == 2 and stats["min_item_count"] == 1
+    assert datetime.fromisoformat(stats["first_event"]) == clean_events[TIMESTAMP].min()
+    assert datetime.fromisoformat(stats["last_event"]) == clean_events[TIMESTAMP].max()
+    val_start = datetime.fromisoformat(stats["split"]["val_start"])
+    assert stats["train_events"] == (clean_events[TIMESTAMP] < val_start).sum()
+    assert stats["split"]["method"] == "temporal"
+    assert stats["split"]["target_behaviors"] is None
+
+
+def test_sequences_hold_each_users_sorted_encoded_history(tmp_path):
+    events = synthetic()
+    prepare(events.sample(fraction=1.0, shuffle=True, seed=1), tmp_path / "prep")
+    sequences = pl.read_parquet(tmp_path / "prep" / SEQUENCES_FILE)
+    vocab = Vocab.load(tmp_path / "prep")
+    index_of = dict(zip(vocab.items[ITEM], vocab.items[INDEX]))
+    behavior_of = {b: 2 + i for i, b in enumerate(SCHEMA.behaviors)}
+    for row in sequences.head(10).iter_rows(named=True):
+        history = events.filter(pl.col(USER) == row[USER]).sort(TIMESTAMP)
+        assert row[TIMES] == history[TIMESTAMP].dt.epoch("s").to_list()
+        assert row[ITEMS] == [index_of.get(i, UNK_IDX) for i in history[ITEM]]
+        assert row[BEHAVIORS] == [behavior_of[b] for b in history[EVENT_TYPE]]
+
+
+def test_fingerprint_is_stable_and_sees_data_and_settings(tmp_path):
+    events = synthetic()
+    first = prepare(events, tmp_path / "a")["fingerprint"]
+    assert prepare(events.clone(), tmp_path / "b")["fingerprint"] == first
+    assert prepare(events.to_pandas(), tmp_path / "c")["fingerprint"] == first
+
+    one_second_later = events.with_columns(
+        pl.when(pl.int_range(pl.len()) == 17)
+        .then(pl.col(TIMESTAMP) + timedelta(seconds=1))
+        .otherwise(pl.col(TIMESTAMP))
+        .alias(TIMESTAMP)
+    )
+    other_behavior = events.with_columns(
+        pl.when(pl.int_range(pl.len()) == 3)
+        .then(pl.lit("purchase"))
+        .otherwise(pl.col(EVENT_TYPE))
+        .alias(EVENT_TYPE)
+    )
+    changed = {
+        "timestamp": prepare(one_second_later, tmp_path / "d")["fingerprint"],
+        "behaviour": prepare(other_behavior, tmp_path / "e")["fingerprint"],
+        "val_fraction": prepare(
+            events, tmp_path / "f", replace(SETTINGS, split=SplitSettings(val_fraction=0.15))
+        )["fingerprint"],
+        "method": prepare(
+            events, tmp_path / "g", replace(SETTINGS, split=SplitSettings(method="leave_one_out"))
+        )["fingerprint"],
+        "target_behaviors": prepare(
+            events,
+            tmp_path / "h",
+            replace(SETTINGS, split=SplitSettings(target_behaviors=("click", "cart", "purchase"))),
+        )["fingerprint"],
+        "time_buckets": prepare(
+            events, tmp_path / "i", replace(SETTINGS, time_buckets=TimeBuckets(3600, 12))
+        )["fingerprint"],
+    }
+    assert first not in changed.values()
+    assert len(set(changed.values())) == len(changed)
+
+
+def test_rerun_replaces_the_folder(tmp_path):
+    out = tmp_path / "prep"
+    first = prepare(synthetic(seed=4), out)
+    (out / "stale.txt").write_text("left over from an older run")
+    second = prepare(synthetic(seed=5), out)
+    assert sorted(p.name for p in out.iterdir()) == FOLDER_FILES
+    assert [p.name for p in tmp_path.iterdir()] == ["prep"]
+    assert first["fingerprint"] != second["fingerprint"]
+    assert load_stats(out)["fingerprint"] == second["fingerprint"]
+    assert SequenceStore.from_parquet(out / SEQUENCES_FILE).num_users == second["users"]
+
+
+def test_failed_write_keeps_the_old_folder_and_leaves_no_temporary(tmp_path, monkeypatch):
+    out = tmp_path / "prep"
+    first = prepare(synthetic(seed=4), out)
+
+    def broken_save(self, folder):
+        (folder / "items.parquet").write_text("half written")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Vocab, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        prepare(synthetic(seed=5), out)
+    assert [p.name for p in tmp_path.iterdir()] == ["prep"]
+    assert load_stats(out) == json.loads(json.dumps(first, default=str))
+    monkeypatch.undo()
+    assert Vocab.load(out).content_hash() == first["vocab_hash"]
+
+
+def test_too_small_log_says_how_to_fix_and_writes_nothing(tmp_path):
+    t = datetime(2024, 1, 1, tzinfo=UTC)
+    events = pl.DataFrame(
+        {
+            USER: [1, 1, 2, 2],
+            ITEM: [1, 2, 1, 2],
+            CATEGORY: ["a"] * 4,
+            EVENT_TYPE: ["view"] * 4,
+            TIMESTAMP: [t, t + timedelta(hours=1), t + timedelta(hours=2), t + timedelta(hours=3)],
+        }
+    )
+    with pytest.raises(ValueError, match="leave_one_out") as info:
+        prepare(events, tmp_path / "prep")
+    assert "val_fraction" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_leave_one_out_with_single_event_users(tmp_path):
+    events, _, _, _ = with_noise(synthetic())
+    settings = PrepareSettings(split=SplitSettings(method="leave_one_out"), min_user_events=1)
+    stats = prepare(events, tmp_path / "prep", settings)
+    assert stats["users_below_min_events"] == 0
+    store = SequenceStore.from_parquet(tmp_path / "prep" / SEQUENCES_FILE)
+    single = store.lengths == 1
+    assert single.sum() == 3
+    np.testing.assert_array_equal(store.train_end[single], 0)
+    np.testing.assert_array_equal(store.val_target[single], -1)
+    np.testing.assert_array_equal(store.test_target[single], -1)
+
+
+def test_min_item_count_turns_rare_training_items_into_unk(tmp_path):
+    events = synthetic()
+    stats = prepare(events, tmp_path / "prep", replace(SETTINGS, min_item_count=5))
+    vocab = Vocab.load(tmp_path / "prep")
+    assert vocab.items["train_count"].min() >= 5
+    store = SequenceStore.from_parquet(tmp_path / "prep" / SEQUENCES_FILE)
+    in_train = np.concatenate(
+        [
+            store.item[store.offsets[u] : store.offsets[u] + store.train_end[u]]
+            for u in range(store.num_users)
+        ]
+    )
+    assert (in_train == UNK_IDX).sum() == stats["train_events"] - vocab.items["train_count"].sum()
+    assert (in_train == UNK_IDX).any()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_user_events": 0}, "data.min_user_events=0 must be >= 1"),
+        ({"min_item_count": 0}, "data.min_item_count=0 must be >= 1"),
+    ],
+)
+def test_prepare_settings_validation(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        PrepareSettings(**kwargs)
+    assert message in str(info.value)
+
+
+def test_load_stats_of_missing_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run the prepare step first"):
+        load_stats(tmp_path / "nowhere")
+
+
+# -- scoring ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scoring") / "prep"
+    events = synthetic()
+    prepare(events, out)
+    return load_events(events, SCHEMA), Vocab.load(out)
+
+
+def test_scoring_sequences_respect_as_of(fitted):
+    events, vocab = fitted
+    as_of = events[TIMESTAMP].sort()[events.height // 2]
+    scored = scoring_sequences(events, vocab=vocab, as_of=as_of)
+    earlier = events.filter(pl.col(TIMESTAMP) <= as_of)
+    assert scored[TIMES].explode().max() <= int(as_of.timestamp())
+    assert scored[ITEMS].list.len().sum() == earlier.height
+    assert scored[USER].sort().to_list() == earlier[USER].unique().sort().to_list()
+    assert (scored[TRAIN_END] == scored[ITEMS].list.len()).all()
+    assert (scored[VAL_TARGET] == -1).all() and (scored[TEST_TARGET] == -1).all()
+    # the boundary is inclusive: an event exactly at as_of is in
+    assert scored[TIMES].explode().max() == int(as_of.timestamp())
+    # naive as_of means UTC
+    naive = scoring_sequences(events, vocab=vocab, as_of=as_of.replace(tzinfo=None))
+    assert_frame_equal(naive, scored)
+    everything = scoring_sequences(events, vocab=vocab)
+    assert everything[ITEMS].list.len().sum() == events.height
+
+
+def test_scoring_never_refits_the_vocabulary(fitted):
+    events, vocab = fitted
+    before = vocab.content_hash()
+    last = events[TIMESTAMP].max()
+    new_user = pl.DataFrame(
+        {
+            USER: [10**9, 10**9, 10**9],
+            ITEM: [123_456_789, vocab.items[ITEM][0], 123_456_789],
+            TIMESTAMP: [last, last + timedelta(seconds=1), last + timedelta(seconds=1)],
+            EVENT_TYPE: ["view", "purchase", "view"],
+            CATEGORY: ["new", None, "new"],
+        },
+        schema=events.schema,
+    )
+    scored = scoring_sequences(pl.concat([events, new_user]), vocab=vocab)
+    row = scored.filter(pl.col(USER) == 10**9).row(0, named=True)
+    assert row[ITEMS] == [UNK_IDX, 2, UNK_IDX]  # unseen item -> UNK; most frequent item -> 2
+    assert row[BEHAVIORS] == [2, 5, 2]
+    assert vocab.content_hash() == before
+    assert 123_456_789 not in vocab.items[ITEM].to_list()
+
+
+def test_scoring_with_as_of_before_every_event_fails_clearly(fitted):
+    events, vocab = fitted
+    with pytest.raises(ValueError, match="nothing to score"):
+        scoring_sequences(events, vocab=vocab, as_of=datetime(2000, 1, 1, tzinfo=UTC))
