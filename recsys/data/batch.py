@@ -16,8 +16,8 @@ class SeqBatch:
     - ``item``, ``behavior``, ``time_bucket``: (B, T) long; 0 (PAD) at padding positions.
     - ``padding_mask``: (B, T) bool, **True = a real token**.
     - ``query_time_bucket``: (B, T) long, the time-gap bucket from each position's event to the
-      moment its prediction is for: the next event's time in training, the target's time in
-      evaluation, ``as_of`` in scoring (only the last position is set there; 0 elsewhere).
+      moment its prediction is for, i.e. to the next event; at the last position that is the
+      target's time in evaluation and ``as_of`` in scoring (0 = unknown).
     - ``target_item``: (B, T) for training (the item of the next event at every position,
       0 where there is none) or (B,) for evaluation/scoring (one target per row, 0 = unknown).
     - ``target_behavior``: same shape as ``target_item``.

@@ -96,8 +96,10 @@ class SequenceStore:
 
         ``targets="next"`` makes every position's target the following event (training);
         an array of flat indices (-1 = none) gives one target per row (evaluation/scoring).
-        The query time of a row with a target is the target's time; rows without one use
-        ``query_time`` (Unix seconds per row, e.g. ``as_of``) or have none.
+        ``query_time_bucket`` holds, at every position, the gap to the next event — the moment
+        that position's prediction is for. At the last position of a row with one target that
+        is the target's time; rows without a target use ``query_time`` (Unix seconds per row,
+        e.g. ``as_of``) or leave it unknown (0).
         """
         length = end - start  # (B,)
         columns = np.arange(max_seq_len)
@@ -122,11 +124,13 @@ class SequenceStore:
                 has_target, self.timestamp[target_index],
                 -1 if query_time is None else query_time,
             )
-            # only the last (most recent) position predicts, at ``moment``
-            query_mask = np.zeros_like(mask)
-            query_mask[:, -1] = mask[:, -1] & (moment >= 0)
-            query_gap = np.zeros_like(index)
-            query_gap[:, -1] = moment - self.timestamp[index[:, -1]]
+            # As in training, each history position is told the time of the event after it; the
+            # last position, which makes the prediction, is told ``moment``.
+            next_time = self.timestamp[np.minimum(index + 1, len(self.timestamp) - 1)]
+            next_time[:, -1] = moment
+            query_mask = mask.copy()
+            query_mask[:, -1] &= moment >= 0
+            query_gap = next_time - self.timestamp[index]  # (B, T)
 
         def tensor(values: np.ndarray, where: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.where(where, values, 0).astype(np.int64))

@@ -5,7 +5,7 @@ Architecture::
     (item, behaviour, time bucket)            left-padded, most recent event at T-1
       │  BehaviorAwareEmbedding                F_behaviour(item ⊕ category) + time + position
       │  num_layers × TransformerBlock         self-attention over the history, padding masked
-      ▼  (final LayerNorm when pre-norm)       hidden (B, T, D); query = hidden[:, -1] + E(query gap)
+      ▼  (final LayerNorm when pre-norm)       hidden (B, T, D); query = hidden[:, -1]
 
     retrieval   score_items:   query · F_target(item ⊕ category)ᵀ + item_bias     all I items
     re-ranking  rerank_scores: candidate key attends over hidden ("vanilla attention"),
@@ -219,23 +219,25 @@ class ATRank(nn.Module):
             item, behavior, time_bucket: (B, T) long, 0 (PAD) at padding positions.
             padding_mask: (B, T) bool, True = real token.
             query_time_bucket: (B, T) long or None, bucket of the gap from each position to the
-            time its prediction is for (0 = unknown).
+            time its prediction is for (0 = unknown); added to the token embeddings, which is
+            causal-safe: it reveals when the next event happens, never what it is.
             returns: EncoderOutput with hidden (B, T, D) (zero rows at padding positions),
-            queries (B, T, D) = hidden + query-time embedding, query (B, D) = queries[:, -1],
+            query (B, D) = hidden[:, -1],
             and padding_mask passed through.
         """
         x = self.embedding(item, behavior, time_bucket, padding_mask)  # (B, T, D)
+        if query_time_bucket is not None:
+            # Told up front, the attention can pick what matters for that moment: the current
+            # session's items for a gap of seconds, long-term interests for a gap of days.
+            x = x + self.query_time_embedding(query_time_bucket) * padding_mask[..., None]
         mask = attention_mask(padding_mask, self.causal)  # (B, 1, T, T)
         for block in self.blocks:
             x = block(x, mask)
         # Padding rows hold throwaway values (see TransformerBlock); zero them once here.
         hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)  # (B, T, D)
-        queries = hidden
-        if query_time_bucket is not None:
-            queries = hidden + self.query_time_embedding(query_time_bucket) * padding_mask[..., None]
         # Left padding puts the most recent event last, whatever the history length.
         return EncoderOutput(
-            hidden=hidden, queries=queries, query=queries[:, -1], padding_mask=padding_mask
+            hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask
         )
 
     def item_keys(self) -> torch.Tensor:

@@ -29,7 +29,7 @@ class Popularity(nn.Module):
     ) -> EncoderOutput:
         empty = torch.zeros(*item.shape, 1, device=item.device)  # (B, T, 1): no user state
         return EncoderOutput(
-            hidden=empty, queries=empty, query=empty[:, -1], padding_mask=padding_mask
+            hidden=empty, query=empty[:, -1], padding_mask=padding_mask
         )
 
     def score_items(self, query: torch.Tensor) -> torch.Tensor:

@@ -93,7 +93,7 @@ class SeqRecModule(pl.LightningModule):
             # target is unseen by every input
             has_target = has_target & (torch.arange(has_target.shape[1], device=self.device)
                                        == has_target.shape[1] - 1)
-        logits = self.encoder.score_items(output.queries[has_target])  # (M, I)
+        logits = self.encoder.score_items(output.hidden[has_target])  # (M, I)
         loss = F.cross_entropy(logits.float(), batch.target_item[has_target])
         self.log("train/ce_loss", loss, batch_size=len(batch), on_step=False, on_epoch=True)
         if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
