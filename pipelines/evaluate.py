@@ -1,6 +1,6 @@
 """a checkpoint or MLflow run on the test targets, beside popularity.
 
-    python -m pipelines.evaluate [hydra overrides]
+python -m pipelines.evaluate [hydra overrides]
 """
 
 import hydra

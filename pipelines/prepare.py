@@ -1,6 +1,6 @@
 """event log → prepared dataset folder.
 
-    python -m pipelines.prepare [hydra overrides]
+python -m pipelines.prepare [hydra overrides]
 """
 
 import hydra

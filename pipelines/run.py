@@ -1,6 +1,6 @@
 """prepare → train → evaluate → score (the main job).
 
-    python -m pipelines.run [hydra overrides]
+python -m pipelines.run [hydra overrides]
 """
 
 import hydra

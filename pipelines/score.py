@@ -1,6 +1,6 @@
 """a checkpoint or MLflow run + an event log → recommendations file.
 
-    python -m pipelines.score [hydra overrides]
+python -m pipelines.score [hydra overrides]
 """
 
 import hydra

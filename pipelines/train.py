@@ -1,6 +1,6 @@
 """prepared data → trained model (prepares first unless data.prepared_dir is set).
 
-    python -m pipelines.train [hydra overrides]
+python -m pipelines.train [hydra overrides]
 """
 
 import hydra

@@ -34,7 +34,11 @@ class LoadedModel:
 
 
 def checkpoint_extra(
-    *, vocab: Vocab, schema: EventSchema, time_buckets: TimeBuckets, max_seq_len: int,
+    *,
+    vocab: Vocab,
+    schema: EventSchema,
+    time_buckets: TimeBuckets,
+    max_seq_len: int,
     data_fingerprint: str,
 ) -> dict:
     """What a checkpoint needs besides the encoder to score a fresh log (plain values only)."""
@@ -42,7 +46,8 @@ def checkpoint_extra(
         "vocab": vocab.to_plain(),
         "schema": schema.to_dict(),
         "time_buckets": {
-            "unit_seconds": time_buckets.unit_seconds, "num_buckets": time_buckets.num_buckets,
+            "unit_seconds": time_buckets.unit_seconds,
+            "num_buckets": time_buckets.num_buckets,
         },
         "max_seq_len": max_seq_len,
         "data_fingerprint": data_fingerprint,
@@ -74,7 +79,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     encoder = _encoder_class(meta["encoder_target"])(**meta["encoder_config"])
     prefix = "encoder."
     state = {
-        k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items()
+        k.removeprefix(prefix): v
+        for k, v in checkpoint["state_dict"].items()
         if k.startswith(prefix)
     }
     encoder.load_state_dict(state)

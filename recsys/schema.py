@@ -37,9 +37,7 @@ class EventSchema:
     epoch. String timestamps are parsed as ISO 8601; datetimes are taken as they are (naive = UTC).
     """
 
-    columns: dict[str, str] = field(
-        default_factory=lambda: {c: c for c in CANONICAL_COLUMNS}
-    )
+    columns: dict[str, str] = field(default_factory=lambda: {c: c for c in CANONICAL_COLUMNS})
     behaviors: tuple[str, ...] = ("view", "click", "cart", "purchase")
     behavior_aliases: dict[str, str] = field(default_factory=dict)
     timestamp_unit: str = "s"
@@ -57,14 +55,16 @@ class EventSchema:
                 f"EventSchema.columns must map {missing}: set data.columns.<name>=<your column>"
             )
         if not self.behaviors:
-            raise ValueError("EventSchema.behaviors is empty: list your event types in funnel order")
+            raise ValueError(
+                "EventSchema.behaviors is empty: list your event types in funnel order"
+            )
         if len(set(self.behaviors)) != len(self.behaviors):
             raise ValueError(f"EventSchema.behaviors has duplicates: {list(self.behaviors)}")
         bad_alias = {k: v for k, v in self.behavior_aliases.items() if v not in self.behaviors}
         if bad_alias:
             raise ValueError(
-                f"EventSchema.behavior_aliases map to names not in behaviors {list(self.behaviors)}: "
-                f"{bad_alias}"
+                "EventSchema.behavior_aliases map to names not in behaviors "
+                f"{list(self.behaviors)}: {bad_alias}"
             )
         if self.timestamp_unit not in ("s", "ms"):
             raise ValueError(

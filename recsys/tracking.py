@@ -69,11 +69,11 @@ class Tracker:
             self.experiment_id = (
                 experiment.experiment_id
                 if experiment is not None
-                else self.client.create_experiment(
-                    experiment_name, artifact_location=artifact_root
-                )
+                else self.client.create_experiment(experiment_name, artifact_location=artifact_root)
             )
-            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags or {}))
+            run = self.client.create_run(
+                self.experiment_id, run_name=run_name, tags=dict(tags or {})
+            )
             self.run_id = run.info.run_id
         log.info("MLflow run %s at %s", self.run_id, self.tracking_uri)
 

@@ -50,8 +50,11 @@ class SeqRecDataModule(pl.LightningDataModule):
         self.setup()
         windows = TrainWindows(self.store, **self._settings())
         return batch_loader(
-            windows, batch_size=self.batch_size, shuffle=True,
-            num_workers=self.num_workers, seed=self.seed,
+            windows,
+            batch_size=self.batch_size,
+            shuffle=True,
+            num_workers=self.num_workers,
+            seed=self.seed,
         )
 
     def target_loader(self, split: str) -> DataLoader:

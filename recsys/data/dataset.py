@@ -121,7 +121,8 @@ class SequenceStore:
             target_index = np.maximum(targets, 0)
             has_target = targets >= 0
             moment = np.where(
-                has_target, self.timestamp[target_index],
+                has_target,
+                self.timestamp[target_index],
                 -1 if query_time is None else query_time,
             )
             # As in training, each history position is told the time of the event after it; the
@@ -186,8 +187,12 @@ class TrainWindows(_BatchDataset):
         i = np.asarray(indices)
         # inputs are window[:-1]; each input position's target is the next event
         return self.store.gather(
-            self.rows[i], self.start[i], self.end[i] - 1,
-            max_seq_len=self.max_seq_len, time_buckets=self.time_buckets, targets="next",
+            self.rows[i],
+            self.start[i],
+            self.end[i] - 1,
+            max_seq_len=self.max_seq_len,
+            time_buckets=self.time_buckets,
+            targets="next",
         )
 
 
@@ -224,8 +229,12 @@ class TargetRows(_BatchDataset):
     def __getitem__(self, indices: list[int]) -> SeqBatch:
         i = np.asarray(indices)
         return self.store.gather(
-            self.rows[i], self.start[i], self.end[i],
-            max_seq_len=self.max_seq_len, time_buckets=self.time_buckets, targets=self.target[i],
+            self.rows[i],
+            self.start[i],
+            self.end[i],
+            max_seq_len=self.max_seq_len,
+            time_buckets=self.time_buckets,
+            targets=self.target[i],
             query_time=None if self.query_time is None else self.query_time[i],
         )
 

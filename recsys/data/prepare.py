@@ -116,9 +116,7 @@ def prepare_dataset(
     train = lf.join(positions.lazy(), on=USER).filter(
         pl.col(transforms.POSITION) < pl.col(TRAIN_END)
     )
-    vocab = Vocab.fit(
-        train, behaviors=schema.behaviors, min_item_count=settings.min_item_count
-    )
+    vocab = Vocab.fit(train, behaviors=schema.behaviors, min_item_count=settings.min_item_count)
     if vocab.items.height == 0:
         raise ValueError(
             "the training window holds no items: lower data.split.val_fraction/test_fraction "
@@ -169,8 +167,14 @@ def prepare_dataset(
     _write_atomically(out_dir, sequences, vocab, stats)
     log.info(
         "prepared %s: %d users, %d events (%d train), %d items, val/test targets %d/%d -> %s",
-        stats["source"], stats["users"], stats["events"], train_events, vocab.num_items,
-        stats["val_targets"], stats["test_targets"], out_dir,
+        stats["source"],
+        stats["users"],
+        stats["events"],
+        train_events,
+        vocab.num_items,
+        stats["val_targets"],
+        stats["test_targets"],
+        out_dir,
     )
     return stats
 
@@ -195,7 +199,6 @@ def load_stats(folder: str | Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the prepare step first")
     return json.loads(path.read_text())
-
 
 
 def scoring_sequences(

@@ -53,9 +53,7 @@ class TimeBuckets:
         if not self.unit_seconds > 0:
             raise ValueError(f"data.time_buckets.unit_seconds={self.unit_seconds} must be > 0")
         if not 1 <= self.num_buckets <= 64:
-            raise ValueError(
-                f"data.time_buckets.num_buckets={self.num_buckets} must be in [1, 64]"
-            )
+            raise ValueError(f"data.time_buckets.num_buckets={self.num_buckets} must be in [1, 64]")
 
     @property
     def num_embeddings(self) -> int:

@@ -72,9 +72,7 @@ def temporal_cuts(lf: pl.LazyFrame, settings: SplitSettings) -> SplitPoints:
     return SplitPoints(val_start=cuts["val"][0], test_start=cuts["test"][0])
 
 
-def split_positions(
-    lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints
-) -> pl.LazyFrame:
+def split_positions(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
     """One row per user: ``user_id, train_end, val_target, test_target`` (lazy).
 
     ``lf`` must be sorted by user and time and carry ``position``.

@@ -110,8 +110,8 @@ def check_events(df: pl.DataFrame, *, schema: EventSchema, source_name: str) -> 
     bad_ts = df[TIMESTAMP].is_null()
     if bad_ts.any():
         problems.append(
-            f"{int(bad_ts.sum())} row(s) whose {schema.columns[TIMESTAMP]!r} could not be parsed as "
-            f"a timestamp ({_examples(df, bad_ts, _RAW_TIMESTAMP)}); use Unix seconds "
+            f"{int(bad_ts.sum())} row(s) whose {schema.columns[TIMESTAMP]!r} could not be parsed "
+            f"as a timestamp ({_examples(df, bad_ts, _RAW_TIMESTAMP)}); use Unix seconds "
             f"(data.timestamp_unit=s), milliseconds (data.timestamp_unit=ms) or ISO 8601"
         )
     bad_type = df[EVENT_TYPE].is_null()
@@ -122,5 +122,7 @@ def check_events(df: pl.DataFrame, *, schema: EventSchema, source_name: str) -> 
             f"{unknown}; add them to data.behaviors or map them with data.behavior_aliases"
         )
     if problems:
-        raise DataError(f"{source_name}: bad rows, nothing was written:\n  - " + "\n  - ".join(problems))
+        raise DataError(
+            f"{source_name}: bad rows, nothing was written:\n  - " + "\n  - ".join(problems)
+        )
     return df.drop(_RAW_TIMESTAMP, _RAW_EVENT_TYPE)

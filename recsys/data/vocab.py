@@ -25,7 +25,11 @@ ITEM_INDEX = "item_index"
 CATEGORY_INDEX = "category_index"
 BEHAVIOR = "behavior"
 TRAIN_COUNT = "train_count"
-FILES = {"items": "items.parquet", "categories": "categories.parquet", "behaviors": "behaviors.parquet"}
+FILES = {
+    "items": "items.parquet",
+    "categories": "categories.parquet",
+    "behaviors": "behaviors.parquet",
+}
 
 
 @dataclass(frozen=True)

@@ -236,9 +236,7 @@ class ATRank(nn.Module):
         # Padding rows hold throwaway values (see TransformerBlock); zero them once here.
         hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)  # (B, T, D)
         # Left padding puts the most recent event last, whatever the history length.
-        return EncoderOutput(
-            hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask
-        )
+        return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
 
     def item_keys(self) -> torch.Tensor:
         """The item key table ``F_target(item ⊕ category)`` for the whole catalogue.
@@ -274,8 +272,9 @@ class ATRank(nn.Module):
         (single head, scaled dot product, padding positions excluded); the attended vector goes
         through a linear layer to give the candidate-specific user vector ``u_c``, and
         ``score = item_bias[c] + (query + u_c) · k_c``: the retrieval score plus a
-        candidate-specific correction, so an untrained head starts from the retrieval order. Candidates are scored independently of each other;
-        PAD/UNK candidates (e.g. padding in a ragged candidate list) get -inf.
+        candidate-specific correction, which is all the head has to learn. Candidates are
+        scored independently of each other; PAD/UNK candidates (e.g. padding in a ragged
+        candidate list) get -inf.
 
         Shapes:
             output.hidden: (B, T, D); output.padding_mask: (B, T) bool, True = real token.

@@ -28,9 +28,7 @@ class Popularity(nn.Module):
         self, item, behavior, time_bucket, padding_mask, query_time_bucket=None
     ) -> EncoderOutput:
         empty = torch.zeros(*item.shape, 1, device=item.device)  # (B, T, 1): no user state
-        return EncoderOutput(
-            hidden=empty, query=empty[:, -1], padding_mask=padding_mask
-        )
+        return EncoderOutput(hidden=empty, query=empty[:, -1], padding_mask=padding_mask)
 
     def score_items(self, query: torch.Tensor) -> torch.Tensor:
         """Shapes: query (B, D) -> (B, I), the same row for everyone."""

@@ -53,7 +53,7 @@ def recommend(
     exclude_seen: bool,
     query_time: int | None = None,
     batch_size: int = 512,
-    device: torch.device = torch.device("cpu"),
+    device: torch.device | str = "cpu",
 ) -> pl.DataFrame:
     """Two-stage top-``top_k`` for every user in ``store`` (their most recent events as input),
     as of ``query_time`` (Unix seconds; default: the last event in the store)."""
@@ -65,8 +65,11 @@ def recommend(
         )
     encoder = model.encoder.to(device).eval()
     rows = TargetRows(
-        store, store.lengths, max_seq_len=model.max_seq_len,
-        time_buckets=model.time_buckets, has_target=False,
+        store,
+        store.lengths,
+        max_seq_len=model.max_seq_len,
+        time_buckets=model.time_buckets,
+        has_target=False,
         query_time=int(store.timestamp.max()) if query_time is None else query_time,
     )
     loader = batch_loader(rows, batch_size=batch_size, shuffle=False)

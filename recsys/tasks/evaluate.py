@@ -79,7 +79,8 @@ def run(
     model = load_model(checkpoint or cfg.model_ref, cfg.logger)
     prepared_dir = prepared_dir or cfg.data.prepared_dir or prepare.run(cfg)
     datamodule = SeqRecDataModule(
-        prepared_dir, max_seq_len=model.max_seq_len,
+        prepared_dir,
+        max_seq_len=model.max_seq_len,
         eval_batch_size=cfg.data.loader.eval_batch_size,
     )
     if datamodule.vocab.content_hash() != model.vocab.content_hash():
@@ -104,8 +105,11 @@ def run(
         tracker.set_tags(protocol_tags(cfg, datamodule))
     for split in splits:
         log.info(
-            "%s NDCG@10 %.4f (popularity %.4f), HR@10 %.4f (popularity %.4f)", split,
-            metrics[f"{split}/ndcg_at_10"], metrics[f"{split}/popularity_ndcg_at_10"],
-            metrics[f"{split}/hr_at_10"], metrics[f"{split}/popularity_hr_at_10"],
+            "%s NDCG@10 %.4f (popularity %.4f), HR@10 %.4f (popularity %.4f)",
+            split,
+            metrics[f"{split}/ndcg_at_10"],
+            metrics[f"{split}/popularity_ndcg_at_10"],
+            metrics[f"{split}/hr_at_10"],
+            metrics[f"{split}/popularity_hr_at_10"],
         )
     return metrics

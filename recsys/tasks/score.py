@@ -14,9 +14,9 @@ from recsys.data.dataset import SequenceStore
 from recsys.data.io import DataError
 from recsys.data.prepare import load_events, scoring_sequences
 from recsys.retrieval.recommend import recommend, write_atomically
+from recsys.schema import ITEM
 from recsys.tasks.evaluate import load_model
 from recsys.tasks.prepare import event_source
-from recsys.schema import ITEM
 from recsys.tracking import Tracker, use_tracker
 from recsys.training.evaluation import pick_device
 
@@ -44,8 +44,9 @@ def run(
     schema = event_schema(cfg.data)
     if tuple(schema.behaviors) != tuple(model.schema.behaviors):
         raise DataError(
-            f"the model was trained on behaviours {list(model.schema.behaviors)} but data.behaviors "
-            f"is {list(schema.behaviors)}: map the log's event types onto the model's "
+            f"the model was trained on behaviours {list(model.schema.behaviors)} but "
+            f"data.behaviors is {list(schema.behaviors)}: map the log's event types onto "
+            "the model's "
             "(data.behavior_aliases)"
         )
     started = time.perf_counter()
@@ -53,8 +54,12 @@ def run(
     as_of = parse_as_of(retrieval.as_of)
     store = SequenceStore.from_frame(scoring_sequences(events, vocab=model.vocab, as_of=as_of))
     frame = recommend(
-        model, store, top_k=retrieval.top_k, rerank_top_n=retrieval.rerank_top_n,
-        exclude_seen=retrieval.exclude_seen, batch_size=retrieval.batch_size,
+        model,
+        store,
+        top_k=retrieval.top_k,
+        rerank_top_n=retrieval.rerank_top_n,
+        exclude_seen=retrieval.exclude_seen,
+        batch_size=retrieval.batch_size,
         query_time=None if as_of is None else int(as_of.timestamp()),
         device=pick_device(retrieval.accelerator),
     )

@@ -32,7 +32,9 @@ class TrainResult:
 
 def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
     return SeqRecDataModule(
-        prepared_dir, max_seq_len=cfg.data.max_seq_len, seed=cfg.seed,
+        prepared_dir,
+        max_seq_len=cfg.data.max_seq_len,
+        seed=cfg.seed,
         **to_container(cfg.data.loader),
     )
 
@@ -84,8 +86,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
         log_run_inputs(tracker, cfg, prepared_dir)
 
         callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
-        trainer = instantiate(cfg.trainer, logger=tracker.lightning_logger() or False,
-                              callbacks=callbacks)
+        trainer = instantiate(
+            cfg.trainer, logger=tracker.lightning_logger() or False, callbacks=callbacks
+        )
         trainer.fit(module, datamodule=datamodule)
 
         checkpoint_cb = trainer.checkpoint_callback
@@ -97,5 +100,6 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
         best_val = {} if best_score is None else {"best/val_ndcg_at_10": float(best_score)}
         tracker.log_metrics(best_val)
         log.info("best checkpoint %s (%s)", best, best_val)
-    return TrainResult(checkpoint=best, prepared_dir=prepared_dir, best_val=best_val,
-                       run=tracker.describe())
+    return TrainResult(
+        checkpoint=best, prepared_dir=prepared_dir, best_val=best_val, run=tracker.describe()
+    )

@@ -12,7 +12,7 @@ from recsys.training.module import SeqRecModule
 
 
 def pick_device(accelerator: str = "auto") -> torch.device:
-    """"auto" takes a GPU when there is one; "cpu" / "gpu" / "cuda" force the choice."""
+    """ "auto" takes a GPU when there is one; "cpu" / "gpu" / "cuda" force the choice."""
     if accelerator in ("gpu", "cuda"):
         return torch.device("cuda")
     if accelerator == "auto" and torch.cuda.is_available():

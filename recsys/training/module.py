@@ -22,12 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
 from recsys.retrieval.ranker import retrieval_scores, two_stage
 from recsys.schema import UNK_IDX
 from recsys.training.metrics import rank_in_list, ranking_metrics, target_ranks
-
-from recsys.checkpoint import CHECKPOINT_KEY
 
 
 class SeqRecModule(pl.LightningModule):
@@ -91,19 +90,22 @@ class SeqRecModule(pl.LightningModule):
         if not getattr(self.encoder, "causal", True):
             # a non-causal encoder sees position t+1 from position t: only the last position's
             # target is unseen by every input
-            has_target = has_target & (torch.arange(has_target.shape[1], device=self.device)
-                                       == has_target.shape[1] - 1)
+            has_target = has_target & (
+                torch.arange(has_target.shape[1], device=self.device) == has_target.shape[1] - 1
+            )
         logits = self.encoder.score_items(output.hidden[has_target])  # (M, I)
         loss = F.cross_entropy(logits.float(), batch.target_item[has_target])
         self.log("train/ce_loss", loss, batch_size=len(batch), on_step=False, on_epoch=True)
         if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
             rerank = self._rerank_loss(output, batch)
-            self.log("train/rerank_loss", rerank, batch_size=len(batch), on_step=False,
-                     on_epoch=True)
+            self.log(
+                "train/rerank_loss", rerank, batch_size=len(batch), on_step=False, on_epoch=True
+            )
             loss = loss + self.rerank_loss_weight * rerank
         # per-epoch means: one point per epoch in MLflow, comparable with the val curves
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch), on_step=False,
-                 on_epoch=True)
+        self.log(
+            "train/loss", loss, prog_bar=True, batch_size=len(batch), on_step=False, on_epoch=True
+        )
         return loss
 
     def _rerank_loss(self, output, batch: SeqBatch) -> torch.Tensor:
@@ -132,8 +134,11 @@ class SeqRecModule(pl.LightningModule):
         }
         if self.rerank_top_n:
             ranking = two_stage(
-                self.encoder, output, top_k=max(self.metric_ks),
-                rerank_top_n=self.rerank_top_n, exclude=exclude,
+                self.encoder,
+                output,
+                top_k=max(self.metric_ks),
+                rerank_top_n=self.rerank_top_n,
+                exclude=exclude,
             )
             ranks = rank_in_list(ranking.items, batch.target_item)
             metrics.update(ranking_metrics(ranks, self.metric_ks))
@@ -144,8 +149,12 @@ class SeqRecModule(pl.LightningModule):
     def _log_evaluation(self, stage: str, batch: SeqBatch) -> None:
         for name, values in self.evaluation_metrics(batch).items():
             self.log(
-                f"{stage}/{name}", values.mean(), batch_size=len(batch),
-                on_step=False, on_epoch=True, sync_dist=True,
+                f"{stage}/{name}",
+                values.mean(),
+                batch_size=len(batch),
+                on_step=False,
+                on_epoch=True,
+                sync_dist=True,
                 prog_bar=name == "ndcg_at_10",
             )
 
@@ -161,7 +170,10 @@ class SeqRecModule(pl.LightningModule):
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer=optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = {

@@ -49,9 +49,18 @@ def test_main_job_mlflow_run(main_run):
     assert run.info.status == "FINISHED"
     assert run.data.params["model.d_model"] == "16"
     assert run.data.params["data.split.method"] == "temporal"
-    for name in ("train/loss", "val/ndcg_at_10", "val/hr_at_10", "val/retrieval_ndcg_at_10",
-                 "test/ndcg_at_10", "test/hr_at_10", "test/mrr_at_10",
-                 "test/popularity_ndcg_at_10", "best/val_ndcg_at_10", "score/users"):
+    for name in (
+        "train/loss",
+        "val/ndcg_at_10",
+        "val/hr_at_10",
+        "val/retrieval_ndcg_at_10",
+        "test/ndcg_at_10",
+        "test/hr_at_10",
+        "test/mrr_at_10",
+        "test/popularity_ndcg_at_10",
+        "best/val_ndcg_at_10",
+        "score/users",
+    ):
         assert name in run.data.metrics, name
     epochs = client.get_metric_history(run_id, "val/ndcg_at_10")
     assert len(epochs) == cfg.trainer.max_epochs  # one value per epoch
@@ -62,8 +71,12 @@ def test_main_job_mlflow_run(main_run):
         return {f.path for f in client.list_artifacts(run_id, path)}
 
     assert listing("config") == {"config/config_resolved.yaml"}
-    assert {"data/items.parquet", "data/categories.parquet", "data/behaviors.parquet",
-            "data/stats.json"} <= listing("data")
+    assert {
+        "data/items.parquet",
+        "data/categories.parquet",
+        "data/behaviors.parquet",
+        "data/stats.json",
+    } <= listing("data")
     assert listing("checkpoints") == {"checkpoints/best.ckpt"}
 
 
@@ -71,16 +84,26 @@ def test_score_by_checkpoint_and_by_run_id_agree(main_run, make_config, tmp_path
     cfg, result = main_run
     run_id = result.run.split()[2]
     expected = pl.read_parquet(result.recommendations)
-    common = [*TINY[:0], "data.source.num_users=150", "data.source.num_items=120",
-              "data.source.num_categories=8", f"logger.tracking_uri={cfg.logger.tracking_uri}"]
+    common = [
+        *TINY[:0],
+        "data.source.num_users=150",
+        "data.source.num_items=120",
+        "data.source.num_categories=8",
+        f"logger.tracking_uri={cfg.logger.tracking_uri}",
+    ]
     by_path = make_config(
-        "score", [f"model_ref={result.checkpoint}", f"retrieval.output={tmp_path}/a.parquet",
-                  *common]
+        "score",
+        [f"model_ref={result.checkpoint}", f"retrieval.output={tmp_path}/a.parquet", *common],
     )
     assert pl.read_parquet(score.run(by_path)).equals(expected)
     by_run = make_config(
-        "score", [f"model_ref={run_id}", f"retrieval.output={tmp_path}/b.csv",
-                  "retrieval.format=csv", *common]
+        "score",
+        [
+            f"model_ref={run_id}",
+            f"retrieval.output={tmp_path}/b.csv",
+            "retrieval.format=csv",
+            *common,
+        ],
     )
     from_csv = pl.read_csv(score.run(by_run))
     assert from_csv["item_id"].to_list() == expected["item_id"].to_list()
@@ -90,9 +113,14 @@ def test_evaluate_reproduces_test_metrics(main_run, make_config):
     cfg, result = main_run
     eval_cfg = make_config(
         "evaluate",
-        [f"model_ref={result.checkpoint}", "logger=none", "data.source.num_users=150",
-         "data.source.num_items=120", "data.source.num_categories=8",
-         "training.rerank_top_n=20"],
+        [
+            f"model_ref={result.checkpoint}",
+            "logger=none",
+            "data.source.num_users=150",
+            "data.source.num_items=120",
+            "data.source.num_categories=8",
+            "training.rerank_top_n=20",
+        ],
     )
     metrics = evaluate.run(eval_cfg)
     assert metrics["test/ndcg_at_10"] == pytest.approx(result.metrics["test/ndcg_at_10"])
@@ -102,9 +130,17 @@ def test_bad_event_log_fails_clearly_and_writes_nothing(make_config, tmp_path):
     log_file = tmp_path / "events.csv"
     log_file.write_text("user,item,ts,event\n1,10,1700000000,view\n1,11,1700000100,view\n")
     cfg = make_config(
-        "config", [*TINY, "data=events_file", f"data.source={log_file}", "logger=none",
-                   "data.columns.user_id=user", "data.columns.item_id=item",
-                   "data.columns.timestamp=ts", "data.columns.event_type=event"]
+        "config",
+        [
+            *TINY,
+            "data=events_file",
+            f"data.source={log_file}",
+            "logger=none",
+            "data.columns.user_id=user",
+            "data.columns.item_id=item",
+            "data.columns.timestamp=ts",
+            "data.columns.event_type=event",
+        ],
     )
     with pytest.raises(DataError, match=r"lacks column\(s\) \['category'\].*data.columns.category"):
         train.run(cfg)
@@ -112,10 +148,18 @@ def test_bad_event_log_fails_clearly_and_writes_nothing(make_config, tmp_path):
 
     log_file.write_text("user,item,ts,event,cat\n1,10,yesterday,view,a\n1,11,2024-01-01,view,a\n")
     cfg = make_config(
-        "config", [*TINY, "data=events_file", f"data.source={log_file}", "logger=none",
-                   "data.columns.user_id=user", "data.columns.item_id=item",
-                   "data.columns.timestamp=ts", "data.columns.event_type=event",
-                   "data.columns.category=cat"]
+        "config",
+        [
+            *TINY,
+            "data=events_file",
+            f"data.source={log_file}",
+            "logger=none",
+            "data.columns.user_id=user",
+            "data.columns.item_id=item",
+            "data.columns.timestamp=ts",
+            "data.columns.event_type=event",
+            "data.columns.category=cat",
+        ],
     )
     with pytest.raises(DataError, match=r"1 row\(s\) whose 'ts' could not be parsed.*yesterday"):
         train.run(cfg)
@@ -129,8 +173,16 @@ def test_cli_overrides_and_multirun_sweep(tmp_path):
     """The README's command-line forms: overrides and a -m sweep over num_heads."""
     out = tmp_path / "outputs"
     command = [
-        sys.executable, "-m", "pipelines.train", "-m", "model.num_heads=1,2",
-        "model.d_model=32", "trainer.max_epochs=1", "data=synthetic", *TINY, "logger=none",
+        sys.executable,
+        "-m",
+        "pipelines.train",
+        "-m",
+        "model.num_heads=1,2",
+        "model.d_model=32",
+        "trainer.max_epochs=1",
+        "data=synthetic",
+        *TINY,
+        "logger=none",
         f"paths.output_dir={out}",
     ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)

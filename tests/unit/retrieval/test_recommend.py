@@ -26,16 +26,24 @@ def scoring_setup(tmp_path_factory):
     vocab = Vocab.load(folder)
     torch.manual_seed(0)
     encoder = ATRank(
-        num_items=vocab.num_items, num_categories=vocab.num_categories,
-        num_behaviors=vocab.num_behaviors, num_time_buckets=17, max_seq_len=12, d_model=16,
+        num_items=vocab.num_items,
+        num_categories=vocab.num_categories,
+        num_behaviors=vocab.num_behaviors,
+        num_time_buckets=17,
+        max_seq_len=12,
+        d_model=16,
         num_layers=1,
     ).eval()
     encoder.set_item_categories(torch.tensor(vocab.item_category_table()))
     from recsys.data.sequences import TimeBuckets
 
     model = LoadedModel(
-        encoder=encoder, vocab=vocab, schema=EventSchema(), time_buckets=TimeBuckets(),
-        max_seq_len=12, path=Path("unused"),
+        encoder=encoder,
+        vocab=vocab,
+        schema=EventSchema(),
+        time_buckets=TimeBuckets(),
+        max_seq_len=12,
+        path=Path("unused"),
     )
     checked = load_events(events, EventSchema())
     store = SequenceStore.from_frame(scoring_sequences(checked, vocab=vocab))
@@ -44,16 +52,24 @@ def scoring_setup(tmp_path_factory):
 
 def test_seen_items_are_never_returned(scoring_setup):
     model, _, events, _ = scoring_setup
-    frame = recommend(model, SequenceStore.from_frame(
-        scoring_sequences(events, vocab=model.vocab)), top_k=20, rerank_top_n=30,
-        exclude_seen=True)
+    frame = recommend(
+        model,
+        SequenceStore.from_frame(scoring_sequences(events, vocab=model.vocab)),
+        top_k=20,
+        rerank_top_n=30,
+        exclude_seen=True,
+    )
     seen = events.select(USER, ITEM).unique()
     overlap = frame.join(seen, on=[USER, ITEM], how="inner")
     assert overlap.height == 0
     # and the exclusion is real: without it, seen items do come back for this model
-    unfiltered = recommend(model, SequenceStore.from_frame(
-        scoring_sequences(events, vocab=model.vocab)), top_k=20, rerank_top_n=30,
-        exclude_seen=False)
+    unfiltered = recommend(
+        model,
+        SequenceStore.from_frame(scoring_sequences(events, vocab=model.vocab)),
+        top_k=20,
+        rerank_top_n=30,
+        exclude_seen=False,
+    )
     assert unfiltered.join(seen, on=[USER, ITEM], how="inner").height > 0
 
 
@@ -71,14 +87,19 @@ def test_output_shape_ids_and_ranks(scoring_setup):
 
 def test_two_stage_reorders_only_the_head_and_respects_exclusion(scoring_setup):
     model, store, _, _ = scoring_setup
-    rows = TargetRows(store, store.lengths, max_seq_len=12, time_buckets=model.time_buckets,
-                      has_target=False, query_time=int(store.timestamp.max()))
+    rows = TargetRows(
+        store,
+        store.lengths,
+        max_seq_len=12,
+        time_buckets=model.time_buckets,
+        has_target=False,
+        query_time=int(store.timestamp.max()),
+    )
     batch = rows[list(range(8))]
     with torch.no_grad():
         output = model.encoder(*batch.model_inputs())
         retrieval = model.encoder.score_items(output.query)
-        ranking = two_stage(model.encoder, output, top_k=15, rerank_top_n=10,
-                            exclude=batch.item)
+        ranking = two_stage(model.encoder, output, top_k=15, rerank_top_n=10, exclude=batch.item)
     top15 = retrieval.scatter(1, batch.item, -torch.inf).topk(15).indices
     # the first 10 are the same set as retrieval's first 10, the rest in retrieval order
     assert torch.equal(ranking.items[:, :10].sort().values, top15[:, :10].sort().values)
@@ -134,9 +155,13 @@ def test_seen_items_matrix():
             "val_target": [-1, -1],
             "test_target": [-1, -1],
         },
-        schema_overrides={"item": pl.List(pl.Int32), "behavior": pl.List(pl.Int8),
-                          "train_end": pl.Int32, "val_target": pl.Int32,
-                          "test_target": pl.Int32},
+        schema_overrides={
+            "item": pl.List(pl.Int32),
+            "behavior": pl.List(pl.Int8),
+            "train_end": pl.Int32,
+            "val_target": pl.Int32,
+            "test_target": pl.Int32,
+        },
     )
     store = SequenceStore.from_frame(frame)
     assert seen_items(store, np.array([1, 0])).tolist() == [[6, 0, 0], [3, 4, 5]]
