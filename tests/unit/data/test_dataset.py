@@ -287,8 +287,9 @@ def test_target_rows_exact_batch(store):
     torch.testing.assert_close(batch.user_index, long([0, 1]))
     # gaps to the previous event: e5 420 s, e6 3281 s, e7 4000 s | u2: first 0, then 60 s
     torch.testing.assert_close(batch.time_bucket, long([[4, 6, 7], [0, 1, 2]]))
-    # only the last position predicts: gap to the target (500 s -> 4; 140 s -> 2)
-    torch.testing.assert_close(batch.query_time_bucket, long([[0, 0, 4], [0, 0, 2]]))
+    # history positions: gap to the next event (3281 s -> 6, 4000 s -> 7 | 60 s -> 2), as in
+    # training; the last position: gap to the target (500 s -> 4; 140 s -> 2)
+    torch.testing.assert_close(batch.query_time_bucket, long([[6, 7, 4], [0, 2, 2]]))
 
 
 def test_target_rows_skip_users_without_a_target_or_history(store):
@@ -302,8 +303,8 @@ def test_target_rows_skip_users_without_a_target_or_history(store):
         store, np.array([7, 0, -1, 3]), max_seq_len=2, time_buckets=BUCKETS, query_time=QUERY_TIME
     )
     torch.testing.assert_close(with_query[[0, 1]].query_time_bucket, batch.query_time_bucket)
-    # u1: 9000 - 5000 = 4000 s -> 7; u4: 100 s -> 2
-    torch.testing.assert_close(batch.query_time_bucket, long([[0, 7], [0, 2]]))
+    # u1: 5000 - 1719 = 3281 s -> 6, then 9000 - 5000 = 4000 s -> 7; u4: 100 s -> 2 twice
+    torch.testing.assert_close(batch.query_time_bucket, long([[6, 7], [2, 2]]))
 
 
 def test_scoring_rows_use_the_whole_history_and_query_time(store):
@@ -322,17 +323,18 @@ def test_scoring_rows_use_the_whole_history_and_query_time(store):
     )
     torch.testing.assert_close(batch.target_item, long([0, 0, 0, 0]))
     torch.testing.assert_close(batch.target_behavior, long([0, 0, 0, 0]))
-    # the gap from each user's last event to QUERY_TIME: u1 991000 s -> capped at 8;
-    # u2 300 s -> 3; u3 997500 s -> 8; u4 998200 s -> 8
+    # history positions: gap to the next event; last position: gap from each user's last event
+    # to QUERY_TIME: u1 991000 s -> capped at 8; u2 300 s -> 3; u3 997500 s -> 8; u4 998200 s -> 8
     torch.testing.assert_close(
         batch.query_time_bucket,
-        long([[0, 0, 8], [0, 0, 3], [0, 0, 8], [0, 0, 8]]),
+        long([[7, 4, 8], [2, 2, 3], [0, 0, 8], [2, 2, 8]]),
     )
-    # without a query time nothing is conditioned on
+    # without a query time the last position is not conditioned on (0); the history is
     no_time = TargetRows(
         store, store.lengths, max_seq_len=3, time_buckets=BUCKETS, has_target=False
-    )
-    assert (no_time[[0, 1, 2, 3]].query_time_bucket == 0).all()
+    )[[0, 1, 2, 3]]
+    assert (no_time.query_time_bucket[:, -1] == 0).all()
+    torch.testing.assert_close(no_time.query_time_bucket[:, :-1], batch.query_time_bucket[:, :-1])
 
 
 def test_query_time_before_last_event_is_clipped_to_the_first_bucket(store):
