@@ -84,8 +84,9 @@ def test_score_by_checkpoint_and_by_run_id_agree(main_run, make_config, tmp_path
     cfg, result = main_run
     run_id = result.run.split()[2]
     expected = pl.read_parquet(result.recommendations)
+    # the score config has no experiment group: repeat the tiny data and re-rank settings
     common = [
-        *TINY[:0],
+        "retrieval.rerank_top_n=20",
         "data.source.num_users=150",
         "data.source.num_items=120",
         "data.source.num_categories=8",
