@@ -2,9 +2,10 @@
 :mod:`recsys.model`, the ranking in :mod:`recsys.retrieval`.
 
 Training trains every position at once: the full-softmax cross-entropy of each position's next
-item over the whole catalogue (Klenitskiy & Vasilev 2023), plus a re-rank loss for the target
-attention head on the last position: a softmax over the true next item and the retrieval
-stage's top ``rerank_top_n - 1`` other items (the hard candidates it will face at inference).
+item over the whole catalogue (Klenitskiy & Vasilev 2023), plus — when ``rerank_top_n > 1`` —
+a re-rank loss for the target attention head on the last position: a softmax over the true
+next item and the retrieval stage's top ``rerank_top_n - 1`` other items (the hard candidates
+it will face at inference).
 
 Metric names are stable and MLflow-safe: ``train/loss``, ``val/ndcg_at_10``,
 ``val/retrieval_hr_at_10``, ``test/mrr_at_20``, ... (``retrieval_`` = stage 1 alone, exact full
