@@ -12,9 +12,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recsys.data.prepare import PrepareSettings
+from recsys.data import options
+from recsys.data.pipeline import PrepareSettings
 from recsys.data.sequences import TimeBuckets
-from recsys.data.split import SplitSettings
 from recsys.schema import EventSchema
 
 
@@ -35,27 +35,16 @@ def to_container(cfg: Any) -> Any:
 
 
 def event_schema(data_cfg: Mapping[str, Any]) -> EventSchema:
-    data = to_container(data_cfg)
-    return EventSchema(
-        columns={k: v for k, v in data["columns"].items() if v},
-        behaviors=tuple(data["behaviors"]),
-        behavior_aliases=dict(data.get("behavior_aliases") or {}),
-        timestamp_unit=data.get("timestamp_unit", "s"),
-    )
+    return options.event_schema(to_container(data_cfg))
 
 
 def time_buckets(data_cfg: Mapping[str, Any]) -> TimeBuckets:
-    return TimeBuckets(**to_container(data_cfg)["time_buckets"])
+    return options.time_buckets(to_container(data_cfg))
 
 
 def prepare_settings(data_cfg: Mapping[str, Any]) -> PrepareSettings:
-    data = to_container(data_cfg)
-    split = dict(data["split"])
-    if split.get("target_behaviors"):
-        split["target_behaviors"] = tuple(split["target_behaviors"])
-    return PrepareSettings(
-        split=SplitSettings(**split),
-        time_buckets=time_buckets(data),
-        min_user_events=int(data["min_user_events"]),
-        min_item_count=int(data["min_item_count"]),
-    )
+    return options.prepare_settings(to_container(data_cfg))
+
+
+def item_columns(data_cfg: Mapping[str, Any]) -> dict[str, str | None]:
+    return options.item_columns(to_container(data_cfg))

@@ -18,8 +18,10 @@ ITEM = "item_id"
 TIMESTAMP = "timestamp"
 EVENT_TYPE = "event_type"
 CATEGORY = "category"
-CANONICAL_COLUMNS = (USER, ITEM, TIMESTAMP, EVENT_TYPE, CATEGORY)
-REQUIRED_COLUMNS = (USER, ITEM, TIMESTAMP, EVENT_TYPE)
+ATTRIBUTES = "attributes"  # a set of attribute ids per item (list[str]); a category is a set of one
+SESSION = "session_id"
+CANONICAL_COLUMNS = (USER, ITEM, TIMESTAMP, EVENT_TYPE, CATEGORY, ATTRIBUTES, SESSION)
+REQUIRED_COLUMNS = (USER, ITEM)
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,12 @@ class EventSchema:
 
     ``columns`` maps canonical name -> the user's column name, e.g.
     ``{"user_id": "visitorid", "item_id": "itemid", "timestamp": "ts", "event_type": "event"}``.
-    ``category`` is optional: leave it out and every item gets the UNK category.
+    Only ``user_id`` and ``item_id`` are required. Without ``timestamp`` the log is *order-only*
+    (each user's events are in input order, as in the S3-Rec files): time gaps carry no
+    information and only the leave-one-out / leave-last-N splits apply. Without ``event_type``
+    every event is the first behaviour. ``category`` (one per event row) or ``attributes`` (a
+    list, or a string split on ``attribute_separator``) give the item side information;
+    ``session_id`` carries your own session ids.
 
     ``behaviors`` lists the event types in funnel order (``view`` first, ``purchase`` last).
     ``behavior_aliases`` maps raw event names onto them (``{"pv": "view", "buy": "purchase"}``).
@@ -37,10 +44,13 @@ class EventSchema:
     epoch. String timestamps are parsed as ISO 8601; datetimes are taken as they are (naive = UTC).
     """
 
-    columns: dict[str, str] = field(default_factory=lambda: {c: c for c in CANONICAL_COLUMNS})
+    columns: dict[str, str] = field(
+        default_factory=lambda: {c: c for c in (USER, ITEM, TIMESTAMP, EVENT_TYPE, CATEGORY)}
+    )
     behaviors: tuple[str, ...] = ("view", "click", "cart", "purchase")
     behavior_aliases: dict[str, str] = field(default_factory=dict)
     timestamp_unit: str = "s"
+    attribute_separator: str | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.columns) - set(CANONICAL_COLUMNS)
@@ -71,9 +81,9 @@ class EventSchema:
                 f"timestamp_unit={self.timestamp_unit!r} is not supported: use 's' or 'ms'"
             )
 
-    @property
-    def has_category(self) -> bool:
-        return CATEGORY in self.columns and bool(self.columns[CATEGORY])
+    def has(self, canonical: str) -> bool:
+        """Whether the log maps the canonical column ``canonical``."""
+        return bool(self.columns.get(canonical))
 
     @property
     def num_behaviors(self) -> int:
@@ -89,6 +99,7 @@ class EventSchema:
             "behaviors": list(self.behaviors),
             "behavior_aliases": dict(self.behavior_aliases),
             "timestamp_unit": self.timestamp_unit,
+            "attribute_separator": self.attribute_separator,
         }
 
     @classmethod
@@ -98,4 +109,5 @@ class EventSchema:
             behaviors=tuple(d["behaviors"]),
             behavior_aliases=dict(d.get("behavior_aliases") or {}),
             timestamp_unit=d.get("timestamp_unit", "s"),
+            attribute_separator=d.get("attribute_separator"),
         )

@@ -8,7 +8,7 @@ import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
 from recsys.data.dataset import SequenceStore, TargetRows, TrainWindows, batch_loader
-from recsys.data.prepare import SEQUENCES_FILE, load_stats
+from recsys.data.pipeline import SEQUENCES_FILE, load_stats
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
 

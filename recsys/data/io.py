@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import polars as pl
 
-from recsys.schema import CANONICAL_COLUMNS, EventSchema
+from recsys.schema import ATTRIBUTES, CANONICAL_COLUMNS, CATEGORY, ITEM, EventSchema
 
 log = logging.getLogger(__name__)
 
@@ -64,48 +64,91 @@ def _scan_file(path: Path) -> pl.LazyFrame:
         raise DataError(f"{path} is not a readable Parquet file: {err}") from err
 
 
+def _as_lazy(source: EventSource, name: str) -> pl.LazyFrame:
+    if isinstance(source, (str, os.PathLike)):
+        return _scan_file(Path(source))
+    if isinstance(source, pl.LazyFrame):
+        return source
+    if isinstance(source, pl.DataFrame):
+        return source.lazy()
+    if isinstance(source, pd.DataFrame):
+        try:
+            return pl.from_pandas(source).lazy()
+        except (pl.exceptions.PolarsError, TypeError, ValueError) as err:
+            mixed = [
+                str(c)
+                for c in source.columns
+                if source[c].dtype == object and source[c].dropna().map(type).nunique() > 1
+            ]
+            hint = (
+                f"column(s) {mixed} mix value types (e.g. numbers and strings): cast each to one "
+                "type, e.g. df[col] = df[col].astype(str)"
+                if mixed
+                else "check the column types"
+            )
+            raise DataError(f"{name} could not be converted to polars: {hint} ({err})") from err
+    raise DataError(
+        f"cannot read events from {type(source).__name__}: pass a CSV/Parquet path "
+        "or a pandas/polars DataFrame"
+    )
+
+
+def _available_columns(lf: pl.LazyFrame, name: str) -> list[str]:
+    try:
+        return lf.collect_schema().names()
+    except pl.exceptions.NoDataError as err:
+        raise DataError(f"{name} is empty: it has no header and no rows") from err
+    except pl.exceptions.PolarsError as err:
+        raise DataError(
+            f"{name} could not be read: {err}. If it is a folder, its files must share the "
+            "same columns and compatible types"
+        ) from err
+
+
+def select_mapped(
+    lf: pl.LazyFrame, columns: dict[str, str | None], *, name: str, option: str
+) -> pl.LazyFrame:
+    """Rename the mapped columns (``canonical -> source column``) to their canonical names.
+
+    Raises :class:`DataError` naming the missing columns, the available ones and the override
+    (``<option>.<canonical>=<your column>``) that fixes the mapping.
+    """
+    available = _available_columns(lf, name)
+    mapped = {canonical: column for canonical, column in columns.items() if column}
+    missing = {c: column for c, column in mapped.items() if column not in available}
+    if missing:
+        hints = ", ".join(f"{option}.{c}=<your column>" for c in missing)
+        raise DataError(
+            f"{name} lacks column(s) {sorted(missing.values())} "
+            f"(mapped as {missing}); its columns are {available}. "
+            f"Fix the column mapping: {hints} (or null for an optional column)"
+        )
+    # keyed by canonical name: one source column may feed two canonical ones
+    return lf.select([pl.col(column).alias(canonical) for canonical, column in mapped.items()])
+
+
 def scan_events(source: EventSource, schema: EventSchema) -> pl.LazyFrame:
-    """Open an event log lazily and rename its columns to the canonical names.
+    """Open an event log lazily and rename its mapped columns to the canonical names.
 
     ``source`` is a path (CSV, Parquet, or a folder of either), or a pandas / polars frame.
     Raises :class:`DataError` when a file is missing, empty, of an unsupported type, or lacks a
     mapped column; the message names the file and column and how to fix the mapping.
     """
     name = describe_source(source)
-    if isinstance(source, (str, os.PathLike)):
-        lf = _scan_file(Path(source))
-    elif isinstance(source, pl.LazyFrame):
-        lf = source
-    elif isinstance(source, pl.DataFrame):
-        lf = source.lazy()
-    elif isinstance(source, pd.DataFrame):
-        lf = pl.from_pandas(source).lazy()
-    else:
-        raise DataError(
-            f"cannot read events from {type(source).__name__}: pass a CSV/Parquet path "
-            "or a pandas/polars DataFrame"
-        )
+    lf = _as_lazy(source, name)
+    lf = select_mapped(lf, schema.columns, name=name, option="data.columns")
+    return lf.select([c for c in CANONICAL_COLUMNS if schema.has(c)])
 
-    try:
-        available = lf.collect_schema().names()
-    except pl.exceptions.NoDataError as err:
-        raise DataError(f"{name} is empty: it has no header and no rows") from err
-    except pl.exceptions.PolarsError as err:
-        raise DataError(f"{name} could not be read: {err}") from err
-    missing = {
-        canonical: column
-        for canonical, column in schema.columns.items()
-        if column and column not in available
-    }
-    if missing:
-        hints = ", ".join(f"data.columns.{c}=<your column>" for c in missing)
+
+def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFrame:
+    """Open an item side table lazily: ``item_id`` plus ``category`` and/or ``attributes``."""
+    name = describe_source(source)
+    if not columns.get(ITEM):
+        raise DataError("data.item_columns.item_id is not set: name the item id column")
+    if not (columns.get(CATEGORY) or columns.get(ATTRIBUTES)):
         raise DataError(
-            f"{name} lacks column(s) {sorted(missing.values())} "
-            f"(mapped as {missing}); its columns are {available}. "
-            f"Fix the column mapping: {hints}"
+            f"{name}: data.item_columns maps neither category nor attributes, so the item "
+            "table adds nothing: map one of them or set data.items=null"
         )
-    # keyed by canonical name: one source column may feed two canonical ones
-    renames = {canonical: column for canonical, column in schema.columns.items() if column}
-    selected = [pl.col(column).alias(canonical) for canonical, column in renames.items()]
-    lf = lf.select(selected)
-    return lf.select([c for c in CANONICAL_COLUMNS if c in renames])
+    lf = _as_lazy(source, name)
+    return select_mapped(lf, columns, name=name, option="data.item_columns")

@@ -10,8 +10,11 @@ user_id         raw id              the user's id as in the event log
 item            list[int32]         item index per event (UNK=1 for unseen items)
 behavior        list[int8]          behaviour index per event
 timestamp       list[int64]         Unix seconds per event
+session         list[int32]         session number per event (only when sessions are
+                                    derived or given; see transforms.sessionize)
 train_end       int32               events before this position are training data
 val_target      int32               position of the validation target, -1 = none
+test_start      int32               first position of the test window
 test_target     int32               position of the test target, -1 = none
 ==============  ==================  ==================================================
 
@@ -26,14 +29,15 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET
+from recsys.data.split import SPLIT_COLUMNS
+from recsys.data.transforms import SESSION_INDEX
 from recsys.data.vocab import ITEM_INDEX
 from recsys.schema import TIMESTAMP, USER
 
 ITEMS = "item"
 BEHAVIORS = "behavior"
 TIMES = "timestamp"
-SEQUENCE_COLUMNS = (USER, ITEMS, BEHAVIORS, TIMES, TRAIN_END, VAL_TARGET, TEST_TARGET)
+SEQUENCE_COLUMNS = (USER, ITEMS, BEHAVIORS, TIMES, *SPLIT_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -69,14 +73,16 @@ class TimeBuckets:
 def build_sequences(encoded: pl.LazyFrame, positions: pl.LazyFrame) -> pl.LazyFrame:
     """Aggregate encoded, time-sorted events into one row per user and attach split positions.
 
-    ``encoded`` has ``user_id, item_index, behavior_index, timestamp`` sorted by user and time;
-    ``positions`` has ``user_id, train_end, val_target, test_target``.
+    ``encoded`` has ``user_id, item_index, behavior_index, timestamp`` (and ``session`` when
+    sessions were derived) sorted by user and time; ``positions`` has ``user_id`` and the
+    split columns of :mod:`recsys.data.split`.
     """
+    has_sessions = SESSION_INDEX in encoded.collect_schema().names()
     lists = encoded.group_by(USER, maintain_order=True).agg(
         pl.col(ITEM_INDEX).cast(pl.Int32).alias(ITEMS),
         pl.col("behavior_index").cast(pl.Int8).alias(BEHAVIORS),
         pl.col(TIMESTAMP).dt.epoch("s").cast(pl.Int64).alias(TIMES),
+        *([pl.col(SESSION_INDEX).cast(pl.Int32)] if has_sessions else []),
     )
-    return lists.join(positions, on=USER, how="left", maintain_order="left").select(
-        SEQUENCE_COLUMNS
-    )
+    columns = [*SEQUENCE_COLUMNS[:4], *([SESSION_INDEX] if has_sessions else []), *SPLIT_COLUMNS]
+    return lists.join(positions, on=USER, how="left", maintain_order="left").select(columns)

@@ -1,20 +1,28 @@
 """Leakage-free splits, expressed as positions in each user's time-ordered history.
 
-A split never copies events. For every user it yields three numbers over the sorted history:
+A split never copies events. For every user it yields four numbers over the sorted history:
 
-- ``train_end``: events at positions ``< train_end`` are training data;
-- ``val_target`` / ``test_target``: the position of the one evaluation target (``-1``: none).
-  The model input for a target at position ``p`` is the events at positions ``< p`` only, so no
-  target and no later event is ever visible in an input history.
+- ``train_end``: events at positions ``< train_end`` are training data (= the validation
+  window's first position);
+- ``test_start``: the test window's first position; ``[train_end, test_start)`` is the
+  validation window and ``[test_start, n)`` the test window;
+- ``val_target`` / ``test_target``: the one evaluation target of each window (``-1``: none),
+  the first event of the window whose behaviour is a target behaviour and that has at least
+  one earlier event.
+
+The model input for a target at position ``p`` is the events at positions ``< p`` only, and
+training reads positions ``< train_end`` only, so no target and no later event is ever visible
+in an input history; vocabularies and popularity are fitted on positions ``< train_end``.
 
 Methods:
 
 - ``temporal`` (default for timestamped logs): two global cut times split the timeline into
-  train / validation / test windows by event-count quantiles. Training uses events before the
-  validation cut; each user's validation target is their first target-behaviour event in the
-  validation window, their test target the first one in the test window.
-- ``leave_one_out`` (files without timestamps, paper protocols): the last event is the test
-  target, the second-to-last the validation target, the rest is training data.
+  train / validation / test windows by event-count quantiles (``val_fraction``,
+  ``test_fraction``): a user's window is decided by *when* the events happened.
+- ``leave_last_n``: each user's last ``holdout_events`` events are the test window and the
+  ``holdout_events`` before them the validation window.
+- ``leave_one_out`` (files without timestamps, paper protocols): ``leave_last_n`` with one
+  event, i.e. last event = test target, second-to-last = validation target.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ from recsys.schema import EVENT_TYPE, TIMESTAMP, USER
 
 TRAIN_END = "train_end"
 VAL_TARGET = "val_target"
+TEST_START = "test_start"
 TEST_TARGET = "test_target"
-METHODS = ("temporal", "leave_one_out")
+SPLIT_COLUMNS = (TRAIN_END, VAL_TARGET, TEST_START, TEST_TARGET)
+METHODS = ("temporal", "leave_one_out", "leave_last_n")
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class SplitSettings:
     method: str = "temporal"
     val_fraction: float = 0.1
     test_fraction: float = 0.1
+    holdout_events: int = 1
     target_behaviors: tuple[str, ...] | None = None  # None: any behaviour can be a target
 
     def __post_init__(self) -> None:
@@ -47,6 +58,10 @@ class SplitSettings:
             value = getattr(self, name)
             if not 0.0 < value < 0.5:
                 raise ValueError(f"data.split.{name}={value} must lie in (0, 0.5)")
+        if not isinstance(self.holdout_events, int) or self.holdout_events < 1:
+            raise ValueError(
+                f"data.split.holdout_events={self.holdout_events!r} must be an integer >= 1"
+            )
         if self.val_fraction + self.test_fraction >= 0.9:
             raise ValueError(
                 f"data.split.val_fraction + test_fraction = "
@@ -68,37 +83,42 @@ def temporal_cuts(lf: pl.LazyFrame, settings: SplitSettings) -> SplitPoints:
     cuts = lf.select(
         pl.col(TIMESTAMP).quantile(train_fraction, "lower").alias("val"),
         pl.col(TIMESTAMP).quantile(1.0 - settings.test_fraction, "lower").alias("test"),
-    ).collect()
+    ).collect(engine="streaming")
     return SplitPoints(val_start=cuts["val"][0], test_start=cuts["test"][0])
 
 
 def split_positions(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
-    """One row per user: ``user_id, train_end, val_target, test_target`` (lazy).
+    """One row per user: ``user_id, train_end, val_target, test_start, test_target`` (lazy).
 
     ``lf`` must be sorted by user and time and carry ``position``.
     """
+    position = pl.col(POSITION)
+    if settings.method == "temporal":
+        ts = pl.col(TIMESTAMP)
+        in_val = (ts >= points.val_start) & (ts < points.test_start)
+        in_test = ts >= points.test_start
+    else:
+        holdout = 1 if settings.method == "leave_one_out" else settings.holdout_events
+        n = pl.len().over(USER).cast(pl.Int64)
+        in_test = position >= n - holdout
+        in_val = (position >= n - 2 * holdout) & ~in_test
     is_target = (
         pl.col(EVENT_TYPE).is_in(list(settings.target_behaviors))
         if settings.target_behaviors
         else pl.lit(True)
     )
-    has_history = pl.col(POSITION) >= 1
-    if settings.method == "leave_one_out":
-        n = pl.len().cast(pl.Int32)  # signed: n - 2 must not wrap around for one-event users
-        return lf.group_by(USER, maintain_order=True).agg(
-            (n - 2).clip(lower_bound=0).cast(pl.Int32).alias(TRAIN_END),
-            pl.when(n >= 3).then(n - 2).otherwise(-1).cast(pl.Int32).alias(VAL_TARGET),
-            pl.when(n >= 2).then(n - 1).otherwise(-1).cast(pl.Int32).alias(TEST_TARGET),
+    eligible = is_target & (position >= 1)
+
+    def first(window: str) -> pl.Expr:
+        return position.filter(pl.col(window) & eligible).min().fill_null(-1).cast(pl.Int32)
+
+    return (
+        lf.with_columns(in_val.alias("_in_val"), in_test.alias("_in_test"))
+        .group_by(USER, maintain_order=True)
+        .agg(
+            (~pl.col("_in_val") & ~pl.col("_in_test")).sum().cast(pl.Int32).alias(TRAIN_END),
+            first("_in_val").alias(VAL_TARGET),
+            (~pl.col("_in_test")).sum().cast(pl.Int32).alias(TEST_START),
+            first("_in_test").alias(TEST_TARGET),
         )
-    ts = pl.col(TIMESTAMP)
-    in_val = (ts >= points.val_start) & (ts < points.test_start)
-    in_test = ts >= points.test_start
-
-    def first_position(window: pl.Expr) -> pl.Expr:
-        return pl.col(POSITION).filter(window & is_target & has_history).min()
-
-    return lf.group_by(USER, maintain_order=True).agg(
-        (ts < points.val_start).sum().cast(pl.Int32).alias(TRAIN_END),
-        first_position(in_val).fill_null(-1).cast(pl.Int32).alias(VAL_TARGET),
-        first_position(in_test).fill_null(-1).cast(pl.Int32).alias(TEST_TARGET),
     )

@@ -1,34 +1,123 @@
-"""Pure, lazy event-log transforms: ``(lf, ...) -> lf``, chained with ``.pipe``.
+"""Event-log transforms on canonical columns, chained with ``.pipe``.
 
-Each works on canonical column names (:mod:`recsys.schema`) and collects nothing.
+All are lazy ``(lf, ...) -> lf`` except :func:`kcore_members`, which must see the whole log
+and therefore collects its (small) per-user and per-item counts. Functions that need each
+user's events in time order say so; :func:`sort_events` provides that order.
+
+Tie rule: events of one user with equal timestamps keep their **input order** (the ``_row``
+number: file order, then line order), so a view logged before a cart in the same second stays
+first.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from recsys.schema import EVENT_TYPE, ITEM, TIMESTAMP, USER
+from recsys.data.validate import PROBLEM, ROW
+from recsys.schema import EVENT_TYPE, ITEM, SESSION, TIMESTAMP, USER
 
 POSITION = "position"  # 0-based index of an event within its user's time-ordered history
-
-
-def dedupe(lf: pl.LazyFrame) -> pl.LazyFrame:
-    """Drop repeated identical events (same user, item, event type and timestamp), keeping the
-    first. Example: two ``(u1, i7, view, 10:00)`` rows become one."""
-    return lf.unique(subset=[USER, ITEM, EVENT_TYPE, TIMESTAMP], keep="first", maintain_order=True)
+SESSION_INDEX = "session"  # 0-based session number within the user's history
+DUPLICATE_KEY = (USER, ITEM, EVENT_TYPE, TIMESTAMP)
 
 
 def sort_events(lf: pl.LazyFrame) -> pl.LazyFrame:
-    """Order by user then time. The sort is stable: events with equal timestamps keep the
-    order they had in the input (so a view logged before a cart at the same second stays first)."""
-    return lf.sort([USER, TIMESTAMP], maintain_order=True)
+    """Order by user, then time, then input row (the documented tie rule)."""
+    return lf.sort([USER, TIMESTAMP, ROW])
 
 
-def filter_min_user_events(lf: pl.LazyFrame, *, min_events: int) -> pl.LazyFrame:
-    """Keep users with at least ``min_events`` events (one pass, on the whole log)."""
-    if min_events <= 1:
+def label_duplicates(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """Label repeats of an identical event (same user, item, event type and timestamp) with
+    ``_problem = "duplicate"``, keeping the first in input order unlabelled.
+
+    Example: rows 4 and 9 are both ``(u1, i7, view, 10:00)`` -> row 9 is the duplicate.
+    """
+    first = pl.col(ROW).rank("ordinal").over(DUPLICATE_KEY) == 1
+    return lf.with_columns(
+        pl.when(pl.col(PROBLEM).is_null() & ~first)
+        .then(pl.lit("duplicate"))
+        .otherwise(pl.col(PROBLEM))
+        .alias(PROBLEM)
+    )
+
+
+def dedupe(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """Drop repeats of an identical event, keeping the first in input order."""
+    return lf.unique(subset=list(DUPLICATE_KEY), keep="first", maintain_order=True)
+
+
+def clip_window(lf: pl.LazyFrame, *, start=None, end=None) -> pl.LazyFrame:
+    """Keep events with ``start <= timestamp < end`` (either bound may be None = open)."""
+    if start is not None:
+        lf = lf.filter(pl.col(TIMESTAMP) >= start)
+    if end is not None:
+        lf = lf.filter(pl.col(TIMESTAMP) < end)
+    return lf
+
+
+def kcore_members(
+    lf: pl.LazyFrame, *, min_user_events: int, min_item_events: int, max_iterations: int = 100
+) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Users and items of the iterative k-core: every kept user has at least
+    ``min_user_events`` events on kept items and every kept item at least ``min_item_events``
+    events of kept users. Returns ``(users, items, iterations)``.
+
+    Removing a rare item can push a user below the threshold and vice versa, so the filter is
+    repeated until nothing changes. Each round is one streaming pass over ``lf``.
+    """
+    users = lf.select(pl.col(USER).unique()).collect(engine="streaming")
+    items = lf.select(pl.col(ITEM).unique()).collect(engine="streaming")
+    for iteration in range(1, max_iterations + 1):
+        current = filter_members(lf, users, items)
+        user_counts, item_counts = pl.collect_all(
+            [current.group_by(USER).agg(pl.len()), current.group_by(ITEM).agg(pl.len())],
+            engine="streaming",
+        )
+        kept_users = user_counts.filter(pl.col("len") >= min_user_events).select(USER)
+        kept_items = item_counts.filter(pl.col("len") >= min_item_events).select(ITEM)
+        stable = kept_users.height == user_counts.height and kept_items.height == item_counts.height
+        users, items = kept_users, kept_items
+        if stable:
+            return users, items, iteration
+    raise ValueError(
+        f"k-core filtering did not converge in {max_iterations} rounds "
+        f"(min_user_events={min_user_events}, min_item_events={min_item_events})"
+    )
+
+
+def filter_members(lf: pl.LazyFrame, users: pl.DataFrame, items: pl.DataFrame) -> pl.LazyFrame:
+    """Keep events whose user is in ``users`` and whose item is in ``items``."""
+    return lf.join(users.lazy(), on=USER, how="semi").join(items.lazy(), on=ITEM, how="semi")
+
+
+def keep_last_events(lf: pl.LazyFrame, *, max_events: int | None) -> pl.LazyFrame:
+    """Keep each user's ``max_events`` most recent events (``lf`` sorted by user and time)."""
+    if max_events is None:
         return lf
-    return lf.filter(pl.len().over(USER) >= min_events)
+    rank = pl.int_range(pl.len()).over(USER)
+    return lf.filter(rank >= pl.len().over(USER) - max_events)
+
+
+def sessionize(
+    lf: pl.LazyFrame, *, gap_seconds: float | None, has_session_id: bool
+) -> pl.LazyFrame:
+    """Add ``session``, each event's 0-based session number within its user's history
+    (``lf`` sorted by user and time).
+
+    With your own ``session_id`` column a new session starts where the id changes; otherwise
+    where the gap to the user's previous event exceeds ``gap_seconds``. Example with a 30-min
+    gap: events at 10:00, 10:20, 12:00, 12:05 -> sessions 0, 0, 1, 1.
+    """
+    if has_session_id:
+        starts = pl.col(SESSION).ne_missing(pl.col(SESSION).shift(1)).over(USER)
+    elif gap_seconds is not None:
+        gap = pl.col(TIMESTAMP).diff().over(USER).dt.total_microseconds()
+        starts = (gap > int(gap_seconds * 1_000_000)).fill_null(True)
+    else:
+        return lf
+    first = pl.int_range(pl.len()).over(USER) == 0
+    number = (starts & ~first).cast(pl.Int32).cum_sum().over(USER)
+    return lf.with_columns(number.cast(pl.Int32).alias(SESSION_INDEX))
 
 
 def add_position(lf: pl.LazyFrame) -> pl.LazyFrame:

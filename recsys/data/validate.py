@@ -1,24 +1,79 @@
-"""Type normalisation and validation of a canonical event log.
+"""Type normalisation and bad-row classification of a canonical event log.
 
 ``normalize`` turns whatever types the log came with into the canonical ones (timestamps as
-``Datetime("us", "UTC")``, behaviour names mapped through the schema's aliases, category as
-string). ``check_events`` collects once, counts every kind of bad row and raises one
-:class:`~recsys.data.io.DataError` that lists them all with examples and the fix — nothing is
-dropped silently.
+``Datetime("us", "UTC")``, behaviour names mapped through the schema's aliases, ids as they
+are, item side information as a ``list[str]`` of attributes). ``classify`` labels every row
+with the first problem it has (``_problem``, null when the row is good). Nothing is dropped
+here: :func:`problem_summary` + :func:`enforce` apply the per-kind policy of
+:class:`BadRowPolicy` — ``error`` stops the run with one message that lists every offending
+kind with counts and examples, ``drop`` sets the rows aside into the quarantine file, counted
+in ``stats.json`` and summarised in the log.
+
+Problem kinds, in the order a row is labelled (a row with several problems gets the first):
+
+=====================  ===========================================================
+``null_id``            null user or item id
+``bad_timestamp``      a timestamp that is null or cannot be parsed
+``unknown_behavior``   an event type outside ``behaviors`` / ``behavior_aliases``
+``negative_timestamp`` before 1970-01-01 (a unit or sign error upstream)
+``future_timestamp``   after ``as_of`` (default: the moment preparation starts)
+``duplicate``          same user, item, event type and timestamp as an earlier row
+                       (labelled later, per user, by :mod:`recsys.data.transforms`)
+=====================  ===========================================================
+
+Order-only logs (no timestamp column) get ``timestamp = 1970-01-01 + input row number`` in
+microseconds: every user's events keep their input order and all time gaps fall in the first
+bucket.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
 
 import polars as pl
 
 from recsys.data.io import DataError
-from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
+from recsys.schema import (
+    ATTRIBUTES,
+    CATEGORY,
+    EVENT_TYPE,
+    ITEM,
+    SESSION,
+    TIMESTAMP,
+    USER,
+    EventSchema,
+)
 
 log = logging.getLogger(__name__)
 
 TIMESTAMP_DTYPE = pl.Datetime("us", "UTC")
+ROW = "_row"  # 0-based row number in the input (files of a folder in name order)
+PROBLEM = "_problem"
+RAW_TIMESTAMP = "_raw_timestamp"
+RAW_EVENT_TYPE = "_raw_event_type"
+PROBLEM_KINDS = (
+    "null_id",
+    "bad_timestamp",
+    "unknown_behavior",
+    "negative_timestamp",
+    "future_timestamp",
+    "duplicate",
+)
+POLICIES = ("error", "drop")
+_FIXES = {
+    "null_id": "fill the ids upstream, or data.bad_rows.null_id=drop",
+    "bad_timestamp": "use Unix seconds (data.timestamp_unit=s), milliseconds "
+    "(data.timestamp_unit=ms) or ISO 8601, or data.bad_rows.bad_timestamp=drop",
+    "unknown_behavior": "add them to data.behaviors or map them with "
+    "data.behavior_aliases.<name>=<behavior>, or data.bad_rows.unknown_behavior=drop",
+    "negative_timestamp": "check the unit (data.timestamp_unit) and the sign, or "
+    "data.bad_rows.negative_timestamp=drop",
+    "future_timestamp": "set data.as_of to the log's end, or data.bad_rows.future_timestamp=drop",
+    "duplicate": "remove repeated rows upstream, or data.bad_rows.duplicate=drop",
+}
 _ISO_FORMATS = (
     "%Y-%m-%dT%H:%M:%S%.f%z",
     "%Y-%m-%d %H:%M:%S%.f%z",
@@ -28,12 +83,56 @@ _ISO_FORMATS = (
     "%Y-%m-%d %H:%M",
     "%Y-%m-%d",
 )
-_RAW_TIMESTAMP = "_raw_timestamp"
-_RAW_EVENT_TYPE = "_raw_event_type"
+
+
+@dataclass(frozen=True)
+class BadRowPolicy:
+    """``error`` or ``drop`` for each problem kind (see the module docstring)."""
+
+    null_id: str = "error"
+    bad_timestamp: str = "error"
+    unknown_behavior: str = "error"
+    negative_timestamp: str = "error"
+    future_timestamp: str = "error"
+    duplicate: str = "drop"
+
+    def __post_init__(self) -> None:
+        for kind, policy in asdict(self).items():
+            if policy not in POLICIES:
+                raise ValueError(f"data.bad_rows.{kind}={policy!r}: use one of {list(POLICIES)}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, str] | None) -> BadRowPolicy:
+        values = dict(values or {})
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"data.bad_rows has unknown kind(s) {sorted(unknown)}; kinds: {list(PROBLEM_KINDS)}"
+            )
+        return cls(**values)
+
+    def kinds(self, policy: str) -> list[str]:
+        return [kind for kind, p in asdict(self).items() if p == policy]
+
+
+def parse_instant(value: str | datetime | None, *, option: str) -> datetime | None:
+    """An ISO 8601 string or datetime -> aware UTC datetime (naive means UTC)."""
+    if value is None or isinstance(value, datetime):
+        instant = value
+    else:
+        try:
+            instant = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+        except ValueError as err:
+            raise ValueError(
+                f"{option}={value!r} is not an ISO 8601 time such as 2024-05-01T00:00:00Z"
+            ) from err
+    if instant is not None and instant.tzinfo is None:
+        instant = instant.replace(tzinfo=UTC)
+    return instant
 
 
 def _timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
-    col = pl.col(_RAW_TIMESTAMP)
+    col = pl.col(TIMESTAMP)
     if dtype == pl.String:
         # A trailing "Z" is UTC; chrono's %z wants an explicit offset.
         text = col.str.strip_chars().str.replace(r"[zZ]$", "+00:00")
@@ -51,78 +150,181 @@ def _timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
         return col.cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
     if dtype.is_numeric():
         scale = {"s": 1_000_000, "ms": 1_000}[unit]
-        return (col.cast(pl.Float64) * scale).cast(pl.Int64).cast(pl.Datetime("us", "UTC"))
+        return (col.cast(pl.Float64) * scale).cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE)
+    if dtype == pl.Null:
+        return pl.lit(None, dtype=TIMESTAMP_DTYPE)
     raise DataError(
         f"column {TIMESTAMP!r} has type {dtype}; expected Unix seconds/milliseconds, "
         "ISO 8601 strings or datetimes"
     )
 
 
-def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
-    """Cast a canonical-named log to canonical types (lazy; bad values become nulls here and
-    are counted by :func:`check_events`).
+def attribute_list(
+    dtype: pl.DataType, column: str, *, separator: str | None, option: str
+) -> pl.Expr:
+    """A category or attribute column -> ``list[str]`` of non-empty attribute ids.
 
-    The raw timestamp and event type are kept in ``_raw_timestamp`` / ``_raw_event_type`` so
-    that errors can quote the offending values.
+    Lists stay lists; a string is split on ``separator`` (one attribute when None); numbers
+    become one-element lists. Example with ``separator="|"``: ``"Action|Comedy"`` ->
+    ``["Action", "Comedy"]``; null -> null.
+    """
+    col = pl.col(column)
+    if isinstance(dtype, (pl.List, pl.Array)):
+        values = col.cast(pl.List(pl.String))
+    elif dtype == pl.String or dtype.is_numeric() or dtype == pl.Categorical or dtype == pl.Null:
+        text = col.cast(pl.String)
+        values = text.str.split(separator) if separator else pl.concat_list(text)
+    else:
+        raise DataError(
+            f"{option} column has type {dtype}: give a list of ids, a string (with "
+            "data.attribute_separator for several) or a number"
+        )
+    cleaned = values.list.eval(pl.element().str.strip_chars()).list.eval(
+        pl.element().filter(pl.element().is_not_null() & (pl.element() != ""))
+    )
+    return pl.when(cleaned.list.len() > 0).then(cleaned).otherwise(None)
+
+
+def normalize(lf: pl.LazyFrame, *, schema: EventSchema, keep: tuple[str, ...] = ()) -> pl.LazyFrame:
+    """Cast a canonical-named log to canonical types (lazy; bad values become nulls here and
+    are labelled by :func:`classify`).
+
+    ``lf`` must carry the input row number ``_row``. The raw timestamp and event type are kept
+    as strings in ``_raw_timestamp`` / ``_raw_event_type`` so that errors and the quarantine
+    file can quote the offending values. The side information ends up in ``attributes``
+    (``list[str]``, from ``attributes`` or ``category``; null when the log has neither).
+    Columns named in ``keep`` pass through unchanged.
     """
     types = lf.collect_schema()
-    behavior_names = list(schema.behaviors)
-    aliases = {**{b: b for b in behavior_names}, **schema.behavior_aliases}
-    lf = lf.with_columns(
-        pl.col(TIMESTAMP).alias(_RAW_TIMESTAMP),
-        pl.col(EVENT_TYPE).cast(pl.String).alias(_RAW_EVENT_TYPE),
-    )
-    columns = [
-        _timestamp_expr(types[TIMESTAMP], schema.timestamp_unit).alias(TIMESTAMP),
-        pl.col(_RAW_EVENT_TYPE)
-        .replace_strict(aliases, default=None, return_dtype=pl.String)
-        .alias(EVENT_TYPE),
-    ]
-    if CATEGORY in types:
-        columns.append(pl.col(CATEGORY).cast(pl.String))
+    aliases = {**{b: b for b in schema.behaviors}, **schema.behavior_aliases}
+    columns = []
+    if TIMESTAMP in types:
+        columns += [
+            pl.col(TIMESTAMP).cast(pl.String).alias(RAW_TIMESTAMP),
+            _timestamp_expr(types[TIMESTAMP], schema.timestamp_unit).alias(TIMESTAMP),
+        ]
+    else:  # order-only log: input order, one microsecond apart
+        columns += [
+            pl.lit(None, dtype=pl.String).alias(RAW_TIMESTAMP),
+            pl.col(ROW).cast(pl.Int64).cast(TIMESTAMP_DTYPE).alias(TIMESTAMP),
+        ]
+    if EVENT_TYPE in types:
+        raw_type = pl.col(EVENT_TYPE).cast(pl.String)
+        columns += [
+            raw_type.alias(RAW_EVENT_TYPE),
+            raw_type.replace_strict(aliases, default=None, return_dtype=pl.String).alias(
+                EVENT_TYPE
+            ),
+        ]
     else:
-        columns.append(pl.lit(None, dtype=pl.String).alias(CATEGORY))
-    return lf.with_columns(columns)
+        columns += [
+            pl.lit(None, dtype=pl.String).alias(RAW_EVENT_TYPE),
+            pl.lit(schema.behaviors[0]).alias(EVENT_TYPE),
+        ]
+    if ATTRIBUTES in types:
+        side = attribute_list(
+            types[ATTRIBUTES],
+            ATTRIBUTES,
+            separator=schema.attribute_separator,
+            option="data.columns.attributes",
+        )
+    elif CATEGORY in types:
+        side = attribute_list(
+            types[CATEGORY], CATEGORY, separator=None, option="data.columns.category"
+        )
+    else:
+        side = pl.lit(None, dtype=pl.List(pl.String))
+    columns.append(side.alias(ATTRIBUTES))
+    if SESSION in types:
+        columns.append(pl.col(SESSION).cast(pl.String))
+    lf = lf.with_columns(columns)
+    columns_out = [ROW, USER, ITEM, TIMESTAMP, EVENT_TYPE, ATTRIBUTES]
+    columns_out += [SESSION] if SESSION in types else []
+    return lf.select(*columns_out, RAW_TIMESTAMP, RAW_EVENT_TYPE, *keep)
 
 
-def _examples(df: pl.DataFrame, mask: pl.Series, column: str, n: int = 3) -> str:
-    rows = df.with_row_index("_row").filter(mask).head(n)
-    return ", ".join(f"row {r}: {v!r}" for r, v in zip(rows["_row"], rows[column]))
+def classify(lf: pl.LazyFrame, *, as_of: datetime) -> pl.LazyFrame:
+    """Add ``_problem``: the first problem kind of each row, null for a good row (lazy)."""
+    ts = pl.col(TIMESTAMP)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    problem = (
+        pl.when(pl.col(USER).is_null() | pl.col(ITEM).is_null())
+        .then(pl.lit("null_id"))
+        .when(ts.is_null())
+        .then(pl.lit("bad_timestamp"))
+        .when(pl.col(EVENT_TYPE).is_null())
+        .then(pl.lit("unknown_behavior"))
+        .when(ts < epoch)
+        .then(pl.lit("negative_timestamp"))
+        .when(ts > as_of)
+        .then(pl.lit("future_timestamp"))
+        .otherwise(pl.lit(None, dtype=pl.String))
+    )
+    return lf.with_columns(problem.alias(PROBLEM))
 
 
-def check_events(df: pl.DataFrame, *, schema: EventSchema, source_name: str) -> pl.DataFrame:
-    """Raise one :class:`DataError` listing every kind of bad row in ``df``; return it cleaned
-    of the helper columns when it is good.
+def problem_summary(classified: pl.LazyFrame) -> dict[str, int]:
+    """``{kind: rows}`` for every kind present (streaming; nothing else is kept)."""
+    counts = (
+        classified.filter(pl.col(PROBLEM).is_not_null())
+        .group_by(PROBLEM)
+        .agg(pl.len())
+        .collect(engine="streaming")
+    )
+    return {kind: int(n) for kind, n in counts.iter_rows()}
 
-    Checked: an empty log, null user/item ids, unparseable timestamps, unknown event types.
+
+def _example_text(kind: str, examples: pl.DataFrame) -> str:
+    value_column = {
+        "bad_timestamp": RAW_TIMESTAMP,
+        "negative_timestamp": RAW_TIMESTAMP,
+        "future_timestamp": RAW_TIMESTAMP,
+        "unknown_behavior": RAW_EVENT_TYPE,
+    }.get(kind)
+    if value_column is None:
+        return ", ".join(f"row {r}" for r in examples[ROW])
+    return ", ".join(f"row {r}: {v!r}" for r, v in zip(examples[ROW], examples[value_column]))
+
+
+def enforce(
+    counts: Mapping[str, int],
+    policy: BadRowPolicy,
+    *,
+    source_name: str,
+    examples: pl.LazyFrame,
+) -> None:
+    """Raise one :class:`DataError` for every kind whose policy is ``error`` and that occurs.
+
+    ``examples`` is the classified log; up to three rows per failing kind are quoted (input row
+    numbers are 0-based, header excluded).
     """
-    if df.height == 0:
-        raise DataError(f"{source_name} has no rows: export a non-empty event log")
-    problems: list[str] = []
-    for column in (USER, ITEM):
-        nulls = df[column].is_null()
-        if nulls.any():
-            problems.append(
-                f"{int(nulls.sum())} row(s) with a null {column!r} "
-                f"(column {schema.columns[column]!r}; e.g. rows "
-                f"{df.with_row_index('_r').filter(nulls)['_r'].head(3).to_list()})"
+    failing = [kind for kind in PROBLEM_KINDS if counts.get(kind) and kind in policy.kinds("error")]
+    if not failing:
+        return
+    lines = []
+    for kind in failing:
+        rows = (
+            examples.filter(pl.col(PROBLEM) == kind).sort(ROW).head(3).collect(engine="streaming")
+        )
+        detail = _example_text(kind, rows)
+        if kind == "unknown_behavior":
+            names = (
+                examples.filter(pl.col(PROBLEM) == kind)
+                .select(pl.col(RAW_EVENT_TYPE).unique().sort().head(10))
+                .collect(engine="streaming")[RAW_EVENT_TYPE]
+                .to_list()
             )
-    bad_ts = df[TIMESTAMP].is_null()
-    if bad_ts.any():
-        problems.append(
-            f"{int(bad_ts.sum())} row(s) whose {schema.columns[TIMESTAMP]!r} could not be parsed "
-            f"as a timestamp ({_examples(df, bad_ts, _RAW_TIMESTAMP)}); use Unix seconds "
-            f"(data.timestamp_unit=s), milliseconds (data.timestamp_unit=ms) or ISO 8601"
+            detail = f"names {names}; {detail}"
+        lines.append(f"{counts[kind]} row(s) {kind} ({detail}): {_FIXES[kind]}")
+    raise DataError(f"{source_name}: bad rows, nothing was written:\n  - " + "\n  - ".join(lines))
+
+
+def log_summary(counts: Mapping[str, int], *, source_name: str) -> None:
+    dropped = {k: v for k, v in counts.items() if v}
+    if dropped:
+        log.warning(
+            "%s: %d bad row(s) set aside by data.bad_rows policy: %s",
+            source_name,
+            sum(dropped.values()),
+            ", ".join(f"{k}={v}" for k, v in dropped.items()),
         )
-    bad_type = df[EVENT_TYPE].is_null()
-    if bad_type.any():
-        unknown = df.filter(bad_type)[_RAW_EVENT_TYPE].unique().head(10).to_list()
-        problems.append(
-            f"{int(bad_type.sum())} row(s) with an event type outside {list(schema.behaviors)}: "
-            f"{unknown}; add them to data.behaviors or map them with data.behavior_aliases"
-        )
-    if problems:
-        raise DataError(
-            f"{source_name}: bad rows, nothing was written:\n  - " + "\n  - ".join(problems)
-        )
-    return df.drop(_RAW_TIMESTAMP, _RAW_EVENT_TYPE)

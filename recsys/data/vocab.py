@@ -1,9 +1,12 @@
-"""Vocabularies for items, categories and behaviours: fitted on the training window only.
+"""Vocabularies for items, item attributes and behaviours: fitted on the training window only.
 
 Index 0 is PAD and 1 is UNK in every vocabulary; real entries start at 2. Items are ordered by
 training frequency (most frequent first, ties by id) so the layout is deterministic. Each item
-carries the index of its category (its most frequent category in training), which is how every
-model finds a token's category.
+carries its **attribute set** (side information): the attributes an item table gives it, or
+else the most frequent category / attribute list of its training events; an item with none
+has ``[UNK]``. A category is an attribute set of one. Attributes are indexed by the training
+frequency of the items that carry them. This is how every model finds a token's side
+information: ``item_attribute_table()`` is an (items x width) index table, padded with PAD.
 
 A :class:`Vocab` round-trips through Parquet (the prepared dataset folder) and through plain
 Python lists (inside checkpoints loaded with ``torch.load(weights_only=True)``).
@@ -13,32 +16,39 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from recsys.schema import CATEGORY, ITEM, NUM_RESERVED, PAD_IDX, UNK_IDX
+from recsys.schema import ATTRIBUTES, ITEM, NUM_RESERVED, PAD_IDX, UNK_IDX
+
+log = logging.getLogger(__name__)
 
 INDEX = "index"
 ITEM_INDEX = "item_index"
-CATEGORY_INDEX = "category_index"
+ATTRIBUTE = "attribute"
+ATTRIBUTE_INDICES = "attribute_indices"
 BEHAVIOR = "behavior"
 TRAIN_COUNT = "train_count"
 FILES = {
     "items": "items.parquet",
-    "categories": "categories.parquet",
+    "attributes": "attributes.parquet",
     "behaviors": "behaviors.parquet",
 }
+_KEY = "_attribute_key"
+_SEP = "\x1f"  # joins an attribute list into one group-by key (a control char, never in ids)
 
 
 @dataclass(frozen=True)
 class Vocab:
-    """``items``: ``item_id, index, category_index, train_count`` (real items only);
-    ``categories``: ``category, index``; ``behaviors``: names in funnel order (index 2, 3, ...)."""
+    """``items``: ``item_id, index, attribute_indices (list[int32]), train_count`` (real items
+    only); ``attributes``: ``attribute, index``; ``behaviors``: names in funnel order (index 2,
+    3, ...)."""
 
     items: pl.DataFrame
-    categories: pl.DataFrame
+    attributes: pl.DataFrame
     behaviors: tuple[str, ...]
 
     # sizes include PAD and UNK
@@ -47,52 +57,114 @@ class Vocab:
         return NUM_RESERVED + self.items.height
 
     @property
-    def num_categories(self) -> int:
-        return NUM_RESERVED + self.categories.height
+    def num_attributes(self) -> int:
+        return NUM_RESERVED + self.attributes.height
 
     @property
     def num_behaviors(self) -> int:
         return NUM_RESERVED + len(self.behaviors)
 
+    @property
+    def attribute_width(self) -> int:
+        """Columns of :meth:`item_attribute_table`: the largest attribute set (at least 1)."""
+        if self.items.height == 0:
+            return 1
+        return max(1, int(self.items[ATTRIBUTE_INDICES].list.len().max()))
+
     @classmethod
     def fit(
-        cls, train: pl.LazyFrame, *, behaviors: tuple[str, ...], min_item_count: int = 1
+        cls,
+        train: pl.LazyFrame,
+        *,
+        behaviors: tuple[str, ...],
+        min_item_count: int = 1,
+        item_table: pl.LazyFrame | None = None,
+        max_item_attributes: int = 32,
     ) -> Vocab:
-        """Fit on training events (canonical columns). Items seen fewer than ``min_item_count``
-        times map to UNK."""
+        """Fit on training events (``item_id`` and ``attributes`` columns).
+
+        ``item_table`` (``item_id, attributes``) gives items their attribute sets; items it
+        does not list fall back to their training events. Items seen fewer than
+        ``min_item_count`` times map to UNK; an item keeps its ``max_item_attributes`` most
+        frequent attributes.
+        """
+        key = pl.col(ATTRIBUTES).list.sort().list.join(_SEP)
+        pairs = (
+            train.group_by(ITEM, key.alias(_KEY))
+            .agg(pl.len().alias("_n"))
+            .collect(engine="streaming")
+        )
+        # each item's most frequent attribute set in training; ties -> smallest key
+        chosen = (
+            pairs.drop_nulls(_KEY)
+            .sort(["_n", _KEY], descending=[True, False])
+            .group_by(ITEM, maintain_order=True)
+            .agg(pl.col(_KEY).first())
+        )
         counts = (
-            train.group_by(ITEM)
-            .agg(
-                pl.len().alias(TRAIN_COUNT),
-                # most frequent category; ties go to the smallest name for determinism
-                pl.col(CATEGORY).drop_nulls().mode().sort().first().alias(CATEGORY),
-            )
+            pairs.group_by(ITEM)
+            .agg(pl.col("_n").sum().alias(TRAIN_COUNT))
             .filter(pl.col(TRAIN_COUNT) >= min_item_count)
-            .sort([TRAIN_COUNT, ITEM], descending=[True, False])
-            .collect()
+            .join(chosen, on=ITEM, how="left")
+            .with_columns(pl.col(_KEY).str.split(_SEP).alias(ATTRIBUTES))
+            .drop(_KEY)
         )
-        categories = (
-            counts.lazy()
-            .drop_nulls(CATEGORY)
-            .group_by(CATEGORY)
-            .agg(pl.col(TRAIN_COUNT).sum().alias("_n"))
-            .sort(["_n", CATEGORY], descending=[True, False])
-            .with_row_index(INDEX, offset=NUM_RESERVED)
-            .select(CATEGORY, pl.col(INDEX).cast(pl.Int32))
-            .collect()
-        )
-        items = (
-            counts.with_row_index(INDEX, offset=NUM_RESERVED)
-            .join(categories.rename({INDEX: CATEGORY_INDEX}), on=CATEGORY, how="left")
-            .select(
-                ITEM,
-                pl.col(INDEX).cast(pl.Int32),
-                pl.col(CATEGORY_INDEX).fill_null(UNK_IDX).cast(pl.Int32),
-                pl.col(TRAIN_COUNT).cast(pl.Int64),
+        if item_table is not None:
+            listed = (
+                item_table.join(counts.lazy().select(ITEM), on=ITEM, how="semi")
+                .explode(ATTRIBUTES)
+                .drop_nulls(ATTRIBUTES)
+                .group_by(ITEM)
+                .agg(pl.col(ATTRIBUTES).unique(maintain_order=True).alias("_listed"))
+                .collect(engine="streaming")
             )
-            .sort(INDEX)
+            counts = (
+                counts.join(listed, on=ITEM, how="left")
+                .with_columns(pl.coalesce("_listed", ATTRIBUTES).alias(ATTRIBUTES))
+                .drop("_listed")
+            )
+        counts = counts.sort([TRAIN_COUNT, ITEM], descending=[True, False])
+        attributes = (
+            counts.lazy()
+            .select(ATTRIBUTES, TRAIN_COUNT)
+            .explode(ATTRIBUTES)
+            .drop_nulls(ATTRIBUTES)
+            .group_by(ATTRIBUTES)
+            .agg(pl.col(TRAIN_COUNT).sum().alias("_n"))
+            .sort(["_n", ATTRIBUTES], descending=[True, False])
+            .with_row_index(INDEX, offset=NUM_RESERVED)
+            .select(pl.col(ATTRIBUTES).alias(ATTRIBUTE), pl.col(INDEX).cast(pl.Int32))
+            .collect()
         )
-        return cls(items=items, categories=categories, behaviors=tuple(behaviors))
+        attribute_map = dict(zip(attributes[ATTRIBUTE], attributes[INDEX]))
+        indices = (
+            pl.col(ATTRIBUTES)
+            .list.eval(
+                pl.element().replace_strict(attribute_map, default=None, return_dtype=pl.Int32)
+            )
+            .list.unique()
+            .list.sort()
+            .list.head(max_item_attributes)
+        )
+        items = counts.with_row_index(INDEX, offset=NUM_RESERVED).select(
+            ITEM,
+            pl.col(INDEX).cast(pl.Int32),
+            pl.when(pl.col(ATTRIBUTES).list.len() > 0)
+            .then(indices)
+            .otherwise(pl.lit([UNK_IDX], dtype=pl.List(pl.Int32)))
+            .fill_null(pl.lit([UNK_IDX], dtype=pl.List(pl.Int32)))
+            .alias(ATTRIBUTE_INDICES),
+            pl.col(TRAIN_COUNT).cast(pl.Int64),
+        )
+        truncated = int((counts[ATTRIBUTES].list.len() > max_item_attributes).sum())
+        if truncated:
+            log.info(
+                "%d item(s) have more than max_item_attributes=%d attributes: kept the most "
+                "frequent ones",
+                truncated,
+                max_item_attributes,
+            )
+        return cls(items=items, attributes=attributes, behaviors=tuple(behaviors))
 
     # -- applying ---------------------------------------------------------------------------
     def encode(self, lf: pl.LazyFrame, *, behavior_column: str) -> pl.LazyFrame:
@@ -106,9 +178,13 @@ class Vocab:
             .alias("behavior_index"),
         )
 
-    def item_category_table(self) -> list[int]:
-        """Category index for every item index (PAD -> PAD, UNK -> UNK): the model's lookup."""
-        return [PAD_IDX, UNK_IDX, *self.items[CATEGORY_INDEX].to_list()]
+    def item_attribute_table(self) -> list[list[int]]:
+        """Attribute indices of every item index, padded with PAD to :attr:`attribute_width`
+        (PAD item -> all PAD, UNK item -> ``[UNK]``): the models' side-information lookup."""
+        width = self.attribute_width
+        rows = [[PAD_IDX] * width, [UNK_IDX] + [PAD_IDX] * (width - 1)]
+        rows += [r + [PAD_IDX] * (width - len(r)) for r in self.items[ATTRIBUTE_INDICES].to_list()]
+        return rows
 
     def item_ids(self) -> list:
         """Raw item id for every item index; PAD and UNK are ``None``."""
@@ -118,7 +194,7 @@ class Vocab:
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.items.write_parquet(folder / FILES["items"])
-        self.categories.write_parquet(folder / FILES["categories"])
+        self.attributes.write_parquet(folder / FILES["attributes"])
         pl.DataFrame(
             {INDEX: range(NUM_RESERVED, self.num_behaviors), BEHAVIOR: list(self.behaviors)},
             schema={INDEX: pl.Int32, BEHAVIOR: pl.String},
@@ -134,7 +210,7 @@ class Vocab:
         behaviors = pl.read_parquet(folder / FILES["behaviors"]).sort(INDEX)[BEHAVIOR]
         return cls(
             items=pl.read_parquet(folder / FILES["items"]),
-            categories=pl.read_parquet(folder / FILES["categories"]),
+            attributes=pl.read_parquet(folder / FILES["attributes"]),
             behaviors=tuple(behaviors.to_list()),
         )
 
@@ -142,34 +218,30 @@ class Vocab:
         """Plain lists only: safe inside a ``weights_only`` checkpoint."""
         return {
             "item_id": self.items[ITEM].to_list(),
-            "item_category_index": self.items[CATEGORY_INDEX].to_list(),
+            "item_attributes": self.items[ATTRIBUTE_INDICES].to_list(),
             "item_train_count": self.items[TRAIN_COUNT].to_list(),
-            "category": self.categories[CATEGORY].to_list(),
+            "attribute": self.attributes[ATTRIBUTE].to_list(),
             "behaviors": list(self.behaviors),
         }
 
     @classmethod
     def from_plain(cls, plain: dict) -> Vocab:
-        n_items, n_categories = len(plain["item_id"]), len(plain["category"])
+        n_items, n_attributes = len(plain["item_id"]), len(plain["attribute"])
         items = pl.DataFrame(
             {
                 ITEM: plain["item_id"],
                 INDEX: pl.int_range(NUM_RESERVED, NUM_RESERVED + n_items, eager=True),
-                CATEGORY_INDEX: plain["item_category_index"],
+                ATTRIBUTE_INDICES: pl.Series(plain["item_attributes"], dtype=pl.List(pl.Int32)),
                 TRAIN_COUNT: plain["item_train_count"],
             }
-        ).with_columns(
-            pl.col(INDEX).cast(pl.Int32),
-            pl.col(CATEGORY_INDEX).cast(pl.Int32),
-            pl.col(TRAIN_COUNT).cast(pl.Int64),
-        )
-        categories = pl.DataFrame(
+        ).with_columns(pl.col(INDEX).cast(pl.Int32), pl.col(TRAIN_COUNT).cast(pl.Int64))
+        attributes = pl.DataFrame(
             {
-                CATEGORY: pl.Series(plain["category"], dtype=pl.String),
-                INDEX: pl.int_range(NUM_RESERVED, NUM_RESERVED + n_categories, eager=True),
+                ATTRIBUTE: pl.Series(plain["attribute"], dtype=pl.String),
+                INDEX: pl.int_range(NUM_RESERVED, NUM_RESERVED + n_attributes, eager=True),
             }
         ).with_columns(pl.col(INDEX).cast(pl.Int32))
-        return cls(items=items, categories=categories, behaviors=tuple(plain["behaviors"]))
+        return cls(items=items, attributes=attributes, behaviors=tuple(plain["behaviors"]))
 
     def content_hash(self) -> str:
         """sha256 over the vocabulary's contents (stable across runs and machines)."""

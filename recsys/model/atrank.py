@@ -2,14 +2,16 @@
 
 Architecture::
 
-    (item, behaviour, time bucket)            left-padded, most recent event at T-1
-      │  BehaviorAwareEmbedding                F_behaviour(item ⊕ category) + time + position
-      │  num_layers × TransformerBlock         self-attention over the history, padding masked
-      ▼  (final LayerNorm when pre-norm)       hidden (B, T, D); query = hidden[:, -1]
+    (item, behaviour, time bucket)      left-padded, most recent event at T-1
+      │  BehaviorAwareEmbedding          F_behaviour(item ⊕ attribute bag) + time + position
+      │  num_layers × TransformerBlock   self-attention over the history, padding masked
+      ▼  (final LayerNorm when pre-norm) hidden (B, T, D); query = hidden[:, -1]
 
-    retrieval   score_items:   query · F_target(item ⊕ category)ᵀ + item_bias     all I items
+    attribute bag: mean of the item's attribute embeddings (PAD entries ignored)
+
+    retrieval   score_items:   query · F_target(item ⊕ attribute bag)ᵀ + item_bias   all I items
     re-ranking  rerank_scores: candidate key attends over hidden ("vanilla attention"),
-                               item_bias + Linear(attended) · key                 N candidates
+                               item_bias + Linear(attended) · key               N candidates
 
 Faithful vs modern. The defaults are the modern encoder: pre-norm blocks, output projection,
 4·D GELU feed-forward, sinusoidal positions, causal attention (every position is trained to
@@ -51,15 +53,18 @@ from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
 class ATRank(nn.Module):
     """ATRank sequence encoder with full-catalogue scoring and target-attention re-ranking.
 
-    Arguments (keyword only). Sizes that come from the data (``num_items``, ``num_categories``,
+    Arguments (keyword only). Sizes that come from the data (``num_items``, ``num_attributes``,
     ``num_behaviors``, ``num_time_buckets``) are vocabulary sizes with PAD=0 and UNK=1 included.
 
+    - ``item_attribute_width``: A, the number of columns of the item -> attribute-set table
+      (the most attributes any item has; 1 for one category per item), fixed at construction so
+      a state dict always loads. Install the table with :meth:`set_item_attributes`.
     - ``max_seq_len``: longest history window the model accepts (positional tables are this long).
     - ``d_model``: model width D; ``num_heads`` must divide it.
     - ``ffn_multiplier``: feed-forward width = round(d_model * ffn_multiplier); ATRank uses 0.25.
-    - ``item_dim`` / ``category_dim``: widths of the item and category embeddings before F_g.
-      Defaults: ``d_model`` and ``d_model // 2`` (categories are far fewer than items, so a
-      narrower table suffices).
+    - ``item_dim`` / ``attribute_dim``: widths of the item and attribute embeddings before F_g.
+      Defaults: ``d_model`` and ``d_model // 2`` (attributes are far fewer than items, so a
+      narrower table suffices). An item's attribute vector is the mean over its attribute set.
     - ``positional``: "sinusoidal", "learned" or "none" (ATRank relies on time buckets only).
     - ``norm_first``: pre-norm (True) or ATRank's post-norm (False) blocks.
     - ``qkv_activation``: None or "relu" (ATRank); ``output_projection``: ATRank has none.
@@ -74,17 +79,18 @@ class ATRank(nn.Module):
         self,
         *,
         num_items: int,
-        num_categories: int,
+        num_attributes: int,
         num_behaviors: int,
         num_time_buckets: int,
         max_seq_len: int,
+        item_attribute_width: int = 1,
         d_model: int = 64,
         num_heads: int = 2,
         num_layers: int = 2,
         ffn_multiplier: float = 4.0,
         dropout: float = 0.2,
         item_dim: int | None = None,
-        category_dim: int | None = None,
+        attribute_dim: int | None = None,
         positional: str = "sinusoidal",
         norm_first: bool = True,
         qkv_activation: str | None = None,
@@ -95,8 +101,8 @@ class ATRank(nn.Module):
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
         num_items = _check_int("num_items", num_items, minimum=NUM_RESERVED + 1, why=reserved)
-        num_categories = _check_int(
-            "num_categories", num_categories, minimum=NUM_RESERVED, why=reserved
+        num_attributes = _check_int(
+            "num_attributes", num_attributes, minimum=NUM_RESERVED, why=reserved
         )
         num_behaviors = _check_int(
             "num_behaviors", num_behaviors, minimum=NUM_RESERVED + 1, why=reserved
@@ -105,6 +111,11 @@ class ATRank(nn.Module):
             "num_time_buckets", num_time_buckets, minimum=2, why="bucket 0 is PAD"
         )
         max_seq_len = _check_int("max_seq_len", max_seq_len)
+        item_attribute_width = _check_int(
+            "item_attribute_width",
+            item_attribute_width,
+            why="the most attributes any item has; shorter sets are padded with PAD",
+        )
         d_model = _check_int("d_model", d_model)
         num_heads = _check_int("num_heads", num_heads)
         _check_heads(d_model, num_heads)
@@ -122,10 +133,10 @@ class ATRank(nn.Module):
         ffn_multiplier = float(ffn_multiplier)
         dropout = _check_dropout("dropout", dropout)
         item_dim = d_model if item_dim is None else _check_int("item_dim", item_dim)
-        category_dim = (
+        attribute_dim = (
             max(1, d_model // 2)
-            if category_dim is None
-            else _check_int("category_dim", category_dim)
+            if attribute_dim is None
+            else _check_int("attribute_dim", attribute_dim)
         )
         _check_choice("positional", positional, POSITIONAL_ENCODINGS)
         norm_first = _check_bool("norm_first", norm_first)
@@ -134,21 +145,22 @@ class ATRank(nn.Module):
         _check_choice("activation", activation, FFN_ACTIVATIONS)
         causal = _check_bool("causal", causal)
 
-        # Resolved values (item_dim/category_dim filled in) so a checkpoint keeps its shapes even
+        # Resolved values (item_dim/attribute_dim filled in) so a checkpoint keeps its shapes even
         # if the defaults change later.
         self.config: dict[str, int | float | str | bool | None] = {
             "num_items": num_items,
-            "num_categories": num_categories,
+            "num_attributes": num_attributes,
             "num_behaviors": num_behaviors,
             "num_time_buckets": num_time_buckets,
             "max_seq_len": max_seq_len,
+            "item_attribute_width": item_attribute_width,
             "d_model": d_model,
             "num_heads": num_heads,
             "num_layers": num_layers,
             "ffn_multiplier": ffn_multiplier,
             "dropout": dropout,
             "item_dim": item_dim,
-            "category_dim": category_dim,
+            "attribute_dim": attribute_dim,
             "positional": positional,
             "norm_first": norm_first,
             "qkv_activation": qkv_activation,
@@ -162,12 +174,13 @@ class ATRank(nn.Module):
 
         self.embedding = BehaviorAwareEmbedding(
             num_items=num_items,
-            num_categories=num_categories,
+            num_attributes=num_attributes,
             num_behaviors=num_behaviors,
             num_time_buckets=num_time_buckets,
             d_model=d_model,
             item_dim=item_dim,
-            category_dim=category_dim,
+            attribute_dim=attribute_dim,
+            item_attribute_width=item_attribute_width,
             positional=positional,
             max_seq_len=max_seq_len,
             dropout=dropout,
@@ -201,9 +214,12 @@ class ATRank(nn.Module):
         self.rerank_query = nn.Linear(d_model, d_model)
         self.rerank_output = nn.Linear(d_model, d_model)
 
-    def set_item_categories(self, item_category: torch.Tensor) -> None:
-        """Install each item's category index; see BehaviorAwareEmbedding.set_item_categories."""
-        self.embedding.set_item_categories(item_category)
+    def set_item_attributes(self, item_attributes: torch.Tensor) -> None:
+        """Install each item's attribute set; see BehaviorAwareEmbedding.set_item_attributes.
+
+        Shapes: item_attributes (I, A) integer, PAD (0) padded; or (I,) when A == 1.
+        """
+        self.embedding.set_item_attributes(item_attributes)
 
     def forward(
         self,
@@ -239,7 +255,7 @@ class ATRank(nn.Module):
         return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
 
     def item_keys(self) -> torch.Tensor:
-        """The item key table ``F_target(item ⊕ category)`` for the whole catalogue.
+        """The item key table ``F_target(item ⊕ attribute bag)`` for the whole catalogue.
 
         Shapes: returns (I, D).
         """
@@ -268,10 +284,10 @@ class ATRank(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Score candidates by target attention over the history (ATRank's vanilla attention).
 
-        Each candidate's key ``k_c = F_target(item ⊕ category)`` attends over ``output.hidden``
-        (single head, scaled dot product, padding positions excluded); the attended vector goes
-        through a linear layer to give the candidate-specific user vector ``u_c``, and
-        ``score = item_bias[c] + (query + u_c) · k_c``: the retrieval score plus a
+        Each candidate's key ``k_c = F_target(item ⊕ attribute bag)`` attends over
+        ``output.hidden`` (single head, scaled dot product, padding positions excluded); the
+        attended vector goes through a linear layer to give the candidate-specific user vector
+        ``u_c``, and ``score = item_bias[c] + (query + u_c) · k_c``: the retrieval score plus a
         candidate-specific correction, which is all the head has to learn. Candidates are
         scored independently of each other; PAD/UNK candidates (e.g. padding in a ragged
         candidate list) get -inf.

@@ -1,9 +1,11 @@
 """ATRank's behaviour-aware token embedding.
 
-A token is (item, category, behaviour, time-gap bucket, position). Item and category vectors
-are concatenated and projected into the shared D-dimensional space by a projection *per
-behaviour* (ATRank's F_g), so a view and a purchase of the same item start out different;
-the time-bucket embedding and the positional encoding are then added.
+A token is (item, behaviour, time-gap bucket, position); the item also brings its *attribute
+set* (category-path nodes, brand, ...: a Taobao item has one category, an Amazon item up to a
+few dozen attributes). The item vector and the mean of its attribute vectors (the "attribute
+bag") are concatenated and projected into the shared D-dimensional space by a projection *per
+behaviour* (ATRank's F_g), so a view and a purchase of the same item start out different; the
+time-bucket embedding and the positional encoding are then added.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from recsys.model.layers import (
@@ -26,27 +29,39 @@ POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
 
 
 class BehaviorAwareEmbedding(nn.Module):
-    """Token embedding: ``F_behaviour(item ⊕ category[item]) + time_bucket + position``.
+    """Token embedding: ``F_behaviour(item ⊕ attribute_bag[item]) + time_bucket + position``.
 
-    Categories are not an input: each item's category is looked up in the ``item_category``
-    buffer (filled by :meth:`set_item_categories`, saved in the state dict), so a token's
-    category always equals its item's category, at training and at scoring time. Until it is
-    set every real item has the UNK category.
+    Attributes are not an input: each item's attribute set is looked up in the
+    ``item_attributes`` buffer (filled by :meth:`set_item_attributes`, saved in the state dict),
+    so a token's attributes always equal its item's, at training and at scoring time. The table
+    has a fixed width ``item_attribute_width`` (A), chosen at construction so that a state dict
+    always loads into a model built from the same config; shorter sets are padded with PAD (0).
+    Until it is set every real item has the attribute set {UNK}.
 
-    Index 0 is PAD in every vocabulary; the padding rows of the item, category and time-bucket
+    An item's attribute vector is the mean of ``attribute_embedding`` over its non-PAD entries;
+    an item with no attributes (an all-PAD row) gets a zero vector. With A = 1 this is exactly a
+    single-category lookup.
+
+    Index 0 is PAD in every vocabulary; the padding rows of the item, attribute and time-bucket
     tables are zero and never trained, and output rows at padding positions are zero.
+
+    Shapes:
+        I items (``num_items``), A attributes per item (``item_attribute_width``),
+        B batch, T time steps, F = item_dim + attribute_dim, D = d_model.
+        item_attributes buffer: (I, A) long.
     """
 
     def __init__(
         self,
         *,
         num_items: int,
-        num_categories: int,
+        num_attributes: int,
         num_behaviors: int,
         num_time_buckets: int,
         d_model: int,
         item_dim: int,
-        category_dim: int,
+        attribute_dim: int,
+        item_attribute_width: int = 1,
         positional: str = "sinusoidal",
         max_seq_len: int,
         dropout: float,
@@ -54,8 +69,8 @@ class BehaviorAwareEmbedding(nn.Module):
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
         self.num_items = _check_int("num_items", num_items, minimum=NUM_RESERVED + 1, why=reserved)
-        self.num_categories = _check_int(
-            "num_categories", num_categories, minimum=NUM_RESERVED, why=reserved
+        self.num_attributes = _check_int(
+            "num_attributes", num_attributes, minimum=NUM_RESERVED, why=reserved
         )
         self.num_behaviors = _check_int(
             "num_behaviors", num_behaviors, minimum=NUM_RESERVED + 1, why=reserved
@@ -65,18 +80,26 @@ class BehaviorAwareEmbedding(nn.Module):
         )
         self.d_model = _check_int("d_model", d_model)
         item_dim = _check_int("item_dim", item_dim)
-        category_dim = _check_int("category_dim", category_dim)
+        self.attribute_dim = _check_int("attribute_dim", attribute_dim)
+        self.item_attribute_width = _check_int(
+            "item_attribute_width",
+            item_attribute_width,
+            why="the most attributes any item has; shorter sets are padded with PAD",
+        )
         _check_choice("positional", positional, POSITIONAL_ENCODINGS)
         max_seq_len = _check_int("max_seq_len", max_seq_len)
-        self.feature_dim = item_dim + category_dim
+        self.feature_dim = item_dim + self.attribute_dim
 
         self.item_embedding = nn.Embedding(self.num_items, item_dim, padding_idx=PAD_IDX)
-        self.category_embedding = nn.Embedding(
-            self.num_categories, category_dim, padding_idx=PAD_IDX
+        self.attribute_embedding = nn.Embedding(
+            self.num_attributes, self.attribute_dim, padding_idx=PAD_IDX
         )
-        item_category = torch.full((self.num_items,), UNK_IDX, dtype=torch.long)
-        item_category[PAD_IDX] = PAD_IDX
-        self.register_buffer("item_category", item_category)
+        item_attributes = torch.full(
+            (self.num_items, self.item_attribute_width), PAD_IDX, dtype=torch.long
+        )  # (I, A)
+        item_attributes[:, 0] = UNK_IDX  # every real item: {UNK} until set
+        item_attributes[PAD_IDX] = PAD_IDX  # the PAD item: no attributes
+        self.register_buffer("item_attributes", item_attributes)
 
         # F_g: one (feature_dim -> D) affine map per behaviour, stored as stacked tensors so a
         # batch is projected without a Python loop over behaviours or tokens.
@@ -103,48 +126,84 @@ class BehaviorAwareEmbedding(nn.Module):
         self.dropout = nn.Dropout(_check_dropout("dropout", dropout))
 
     @torch.no_grad()
-    def set_item_categories(self, item_category: torch.Tensor) -> None:
-        """Install each item's category index (an item-vocab-aligned table from the data layer).
+    def set_item_attributes(self, item_attributes: torch.Tensor) -> None:
+        """Install each item's attribute set (an item-vocab-aligned table from the data layer).
 
-        ``item_category[i]`` is the category index of item ``i``; row 0 (the PAD item) should be
-        PAD. Raises ValueError when the shape or a value does not fit the vocabularies.
-
-        Shapes: item_category (I,) integer.
-        """
-        item_category = torch.as_tensor(item_category)
-        if item_category.shape != (self.num_items,):
-            raise ValueError(
-                f"item_category has shape {tuple(item_category.shape)}, expected "
-                f"({self.num_items},): one category index per item of the item vocabulary "
-                f"(num_items={self.num_items}, PAD and UNK included)"
-            )
-        if item_category.dtype.is_floating_point or item_category.dtype == torch.bool:
-            raise ValueError(
-                f"item_category has dtype {item_category.dtype}: pass integer category indices"
-            )
-        low, high = int(item_category.min()), int(item_category.max())
-        if low < 0 or high >= self.num_categories:
-            raise ValueError(
-                f"item_category holds indices in [{low}, {high}] but num_categories="
-                f"{self.num_categories}: values must lie in [0, {self.num_categories - 1}]; "
-                f"build the model with the category vocabulary the table was made with"
-            )
-        self.item_category.copy_(item_category.to(self.item_category.device))
-
-    def item_features(self, items: torch.Tensor | None = None) -> torch.Tensor:
-        """``item_embedding ⊕ category_embedding[item_category[item]]`` (before any projection).
+        ``item_attributes[i]`` lists the attribute indices of item ``i``, padded with PAD (0) to
+        the table width; row 0 (the PAD item) should be all PAD. A 1-D table (one attribute per
+        item) is accepted when ``item_attribute_width == 1``. Raises ValueError when the shape,
+        the dtype or a value does not fit the model.
 
         Shapes:
-            items: (...) long item indices, or None for the whole catalogue.
-            returns: (..., item_dim + category_dim), or (I, item_dim + category_dim) for None.
+            item_attributes: (I, A) integer, or (I,) when A == 1.
+        """
+        table = torch.as_tensor(item_attributes)
+        width = self.item_attribute_width
+        expected = (self.num_items, width)
+        if table.dim() == 1 and width == 1:
+            table = table[:, None]  # (I,) -> (I, 1)
+        if table.shape != expected:
+            got = tuple(table.shape)
+            if table.dim() == 2 and got[0] == self.num_items:
+                fix = f"build the model with item_attribute_width={got[1]}"
+            else:
+                fix = (
+                    f"pass one row per item of the item vocabulary (num_items={self.num_items}, "
+                    f"PAD and UNK included), padded with PAD ({PAD_IDX}) to "
+                    f"item_attribute_width={width} columns, or build the model with "
+                    f"item_attribute_width=<A> for a table of A columns"
+                )
+            raise ValueError(
+                f"item_attributes has shape {got}, expected {expected} "
+                f"(num_items, item_attribute_width): {fix}"
+            )
+        if table.dtype.is_floating_point or table.dtype.is_complex or table.dtype == torch.bool:
+            raise ValueError(
+                f"item_attributes has dtype {table.dtype}: pass integer attribute indices "
+                f"(e.g. torch.long)"
+            )
+        low, high = int(table.min()), int(table.max())
+        if low < 0 or high >= self.num_attributes:
+            raise ValueError(
+                f"item_attributes holds indices in [{low}, {high}] but num_attributes="
+                f"{self.num_attributes}: values must lie in [0, {self.num_attributes - 1}] "
+                f"(PAD={PAD_IDX} pads short sets); build the model with the attribute "
+                f"vocabulary the table was made with"
+            )
+        self.item_attributes.copy_(table.to(self.item_attributes.device))
+
+    def attribute_bag(self, attributes: torch.Tensor) -> torch.Tensor:
+        """Mean attribute vector of each attribute set, ignoring PAD entries.
+
+        An all-PAD set gives a zero vector. ``F.embedding_bag`` computes the same
+        ``sum / count.clamp(min=1)`` as embedding the (..., A) indices and averaging over the
+        non-PAD ones, without materialising the (..., A, attribute_dim) tensor, which matters
+        for the whole catalogue (I * A vectors) that retrieval scores at every step.
+
+        Shapes:
+            attributes: (..., A) long attribute indices, PAD (0) = no attribute.
+            returns: (..., attribute_dim).
+        """
+        flat = attributes.reshape(-1, attributes.shape[-1])  # (N, A), N = prod(...)
+        bag = F.embedding_bag(
+            flat, self.attribute_embedding.weight, mode="mean", padding_idx=PAD_IDX
+        )  # (N, attribute_dim); PAD entries excluded from both the sum and the count
+        return bag.reshape(*attributes.shape[:-1], self.attribute_dim)  # (..., attribute_dim)
+
+    def item_features(self, items: torch.Tensor | None = None) -> torch.Tensor:
+        """``item_embedding ⊕ attribute_bag(item_attributes[item])`` (before any projection).
+
+        Shapes:
+            items: (...) long item indices, e.g. (B, T), or None for the whole catalogue.
+            returns: (..., item_dim + attribute_dim), or (I, item_dim + attribute_dim) for None.
         """
         if items is None:
             item_vectors = self.item_embedding.weight  # (I, item_dim)
-            categories = self.item_category  # (I,)
+            attributes = self.item_attributes  # (I, A)
         else:
             item_vectors = self.item_embedding(items)  # (..., item_dim)
-            categories = self.item_category[items]  # (...)
-        return torch.cat([item_vectors, self.category_embedding(categories)], dim=-1)
+            attributes = self.item_attributes[items]  # (..., A)
+        return torch.cat([item_vectors, self.attribute_bag(attributes)], dim=-1)
 
     def forward(
         self,

@@ -9,7 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from recsys.config import event_schema, prepare_settings
-from recsys.data.prepare import prepare_dataset
+from recsys.data.pipeline import prepare_dataset
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from recsys.config import event_schema
 from recsys.data.dataset import SequenceStore
 from recsys.data.io import DataError
-from recsys.data.prepare import load_events, scoring_sequences
+from recsys.data.pipeline import load_events, scoring_sequences
 from recsys.retrieval.recommend import recommend, write_atomically
 from recsys.schema import ITEM
 from recsys.tasks.evaluate import load_model

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from recsys.checkpoint import checkpoint_extra
 from recsys.config import event_schema, to_container
 from recsys.data.datamodule import SeqRecDataModule
-from recsys.data.prepare import STATS_FILE
+from recsys.data.pipeline import STATS_FILE
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, use_tracker

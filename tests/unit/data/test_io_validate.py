@@ -13,7 +13,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from recsys.data.io import DataError
-from recsys.data.prepare import PrepareSettings, load_events, prepare_dataset
+from recsys.data.pipeline import PrepareSettings, load_events, prepare_dataset
 from recsys.data.synthetic import generate_events
 from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
 

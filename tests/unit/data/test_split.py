@@ -13,7 +13,7 @@ from polars.testing import assert_frame_equal
 
 from recsys.data import transforms
 from recsys.data.dataset import SequenceStore, TargetRows, TrainWindows
-from recsys.data.prepare import SEQUENCES_FILE, PrepareSettings, load_stats, prepare_dataset
+from recsys.data.pipeline import SEQUENCES_FILE, PrepareSettings, load_stats, prepare_dataset
 from recsys.data.sequences import TimeBuckets
 from recsys.data.split import (
     TEST_TARGET,

@@ -16,7 +16,7 @@ from recsys.schema import PAD_IDX, UNK_IDX
 
 SIZES = {
     "num_items": 20,
-    "num_categories": 5,
+    "num_attributes": 7,
     "num_behaviors": 4,
     "num_time_buckets": 6,
     "max_seq_len": 8,
@@ -33,13 +33,30 @@ FAITHFUL = {
 }
 
 
+def attribute_table(width: int) -> torch.Tensor:
+    """(I, width) item -> attribute sets of 0..width real attributes each, PAD-padded."""
+    items = torch.arange(SIZES["num_items"])[:, None]  # (I, 1)
+    column = torch.arange(width)[None, :]  # (1, A)
+    table = (items + 2 * column) % (SIZES["num_attributes"] - 2) + 2  # (I, A) real attributes
+    count = items % (width + 1)  # (I, 1): item i has i mod (A+1) attributes, some none
+    table = table.masked_fill(column >= count, PAD_IDX)
+    table[PAD_IDX] = PAD_IDX
+    return table
+
+
 def make_model(**overrides: object) -> ATRank:
     torch.manual_seed(0)
-    kwargs = {**SIZES, "d_model": 16, "num_heads": 2, "num_layers": 2, "dropout": 0.1}
-    model = ATRank(**{**kwargs, **overrides})
-    categories = torch.arange(SIZES["num_items"]) % (SIZES["num_categories"] - 2) + 2
-    categories[PAD_IDX] = PAD_IDX
-    model.set_item_categories(categories)
+    kwargs = {
+        **SIZES,
+        "item_attribute_width": 3,
+        "d_model": 16,
+        "num_heads": 2,
+        "num_layers": 2,
+        "dropout": 0.1,
+    }
+    kwargs.update(overrides)
+    model = ATRank(**kwargs)
+    model.set_item_attributes(attribute_table(kwargs["item_attribute_width"]))
     return model.eval()
 
 
@@ -231,6 +248,9 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ({"num_layers": 0}, r"num_layers=0 is invalid"),
         ({"activation": "swish"}, r"activation='swish' is not supported"),
         ({"causal": "yes"}, r"causal='yes' is invalid: pass True or False"),
+        ({"num_attributes": 1}, r"num_attributes=1 is invalid: pass an integer >= 2"),
+        ({"attribute_dim": 0}, r"attribute_dim=0 is invalid"),
+        ({"item_attribute_width": 0}, r"item_attribute_width=0 is invalid"),
     ],
 )
 def test_constructor_validation(overrides: dict, message: str) -> None:
@@ -241,7 +261,9 @@ def test_constructor_validation(overrides: dict, message: str) -> None:
 def test_config_resolves_defaults_to_plain_values() -> None:
     model = ATRank(**SIZES, d_model=32, num_heads=4)
     assert model.config["item_dim"] == 32
-    assert model.config["category_dim"] == 16
+    assert model.config["attribute_dim"] == 16
+    assert model.config["item_attribute_width"] == 1
+    assert "num_categories" not in model.config and "category_dim" not in model.config
     allowed = (int, float, str, bool, type(None))
     assert all(type(v) in allowed for v in model.config.values())
 
@@ -259,7 +281,9 @@ def test_rebuild_from_config_and_weights_only_checkpoint() -> None:
     rebuilt = ATRank(**checkpoint["config"])
     rebuilt.load_state_dict(checkpoint["state_dict"])
     rebuilt.eval()
-    assert torch.equal(rebuilt.embedding.item_category, model.embedding.item_category)
+    assert rebuilt.config == model.config
+    assert rebuilt.embedding.item_attributes.shape == (SIZES["num_items"], 3)
+    assert torch.equal(rebuilt.embedding.item_attributes, model.embedding.item_attributes)
 
     tokens = make_tokens([2, 6], seq_len=6)
     candidates = torch.tensor([[2, 3], [4, 5]])
@@ -270,6 +294,47 @@ def test_rebuild_from_config_and_weights_only_checkpoint() -> None:
         assert torch.equal(
             model.rerank_scores(expected, candidates), rebuilt.rerank_scores(actual, candidates)
         )
+
+
+def test_state_dict_needs_the_same_item_attribute_width() -> None:
+    model = make_model()  # width 3
+    narrower = ATRank(**{**model.config, "item_attribute_width": 2})
+    with pytest.raises(RuntimeError, match="item_attributes"):
+        narrower.load_state_dict(model.state_dict())
+    with pytest.raises(ValueError, match=r"build the model with item_attribute_width=3"):
+        narrower.set_item_attributes(attribute_table(3))
+
+
+def test_attribute_sets_reach_keys_and_scores() -> None:
+    model = make_model()
+    with torch.no_grad():
+        keys = model.item_keys()
+        features = model.embedding.item_features()  # (I, item_dim + attribute_dim)
+        torch.testing.assert_close(keys, model.target_projection(features))
+        # Give item 9 item 5's vector: their keys then differ exactly when their sets do.
+        model.embedding.item_embedding.weight[9] = model.embedding.item_embedding.weight[5]
+        table = model.embedding.item_attributes.clone()
+        table[9] = table[5]
+        model.set_item_attributes(table)
+        keys = model.item_keys()
+        torch.testing.assert_close(keys[9], keys[5])
+        assert not torch.equal(table[5], torch.tensor([3, 4, 0]))
+        table[9] = torch.tensor([3, 4, 0])
+        model.set_item_attributes(table)
+        assert not torch.allclose(model.item_keys()[9], keys[5])
+
+
+@pytest.mark.parametrize("width", [1, 4])
+def test_item_attribute_width_runs_end_to_end(width: int) -> None:
+    model = make_model(item_attribute_width=width)
+    tokens = make_tokens([3, 6], seq_len=6)
+    with torch.no_grad():
+        output = model(*tokens)
+        scores = model.score_items(output.query)
+        reranked = model.rerank_scores(output, torch.tensor([[2, 3], [4, 5]]))
+    assert torch.isfinite(output.hidden).all()
+    assert torch.isfinite(scores[:, 2:]).all() and torch.isfinite(reranked).all()
+    assert torch.equal(output.hidden[~tokens[3]], torch.zeros(int((~tokens[3]).sum()), 16))
 
 
 def test_model_package_imports_neither_lightning_nor_hydra() -> None:
@@ -309,7 +374,7 @@ def test_overfits_next_item_is_item_plus_one() -> None:
 
     model = ATRank(
         num_items=num_items,
-        num_categories=3,
+        num_attributes=3,
         num_behaviors=4,
         num_time_buckets=4,
         max_seq_len=seq_len,

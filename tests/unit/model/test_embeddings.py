@@ -8,23 +8,41 @@ import torch
 from recsys.model.embeddings import BehaviorAwareEmbedding
 from recsys.schema import PAD_IDX, UNK_IDX
 
-NUM_ITEMS, NUM_CATEGORIES = 10, 4
+NUM_ITEMS, NUM_ATTRIBUTES = 10, 6
 
 
-def make_embedding(positional: str = "sinusoidal") -> BehaviorAwareEmbedding:
+def make_embedding(positional: str = "sinusoidal", width: int = 1) -> BehaviorAwareEmbedding:
     torch.manual_seed(0)
     return BehaviorAwareEmbedding(
         num_items=NUM_ITEMS,
-        num_categories=NUM_CATEGORIES,
+        num_attributes=NUM_ATTRIBUTES,
         num_behaviors=4,
         num_time_buckets=5,
         d_model=8,
         item_dim=6,
-        category_dim=3,
+        attribute_dim=3,
+        item_attribute_width=width,
         positional=positional,
         max_seq_len=6,
         dropout=0.0,
     ).eval()
+
+
+# Item -> attribute set, width 3, PAD-padded: item 2 has {2, 3}, item 3 none, item 9 {5}, ...
+TABLE = torch.tensor(
+    [
+        [0, 0, 0],  # PAD item
+        [1, 0, 0],  # UNK item: the UNK attribute
+        [2, 3, 0],
+        [0, 0, 0],  # no attributes at all
+        [4, 0, 0],
+        [2, 3, 4],
+        [5, 2, 0],
+        [3, 3, 0],  # a repeated attribute counts twice in the mean
+        [4, 5, 0],
+        [5, 0, 0],
+    ]
+)
 
 
 def test_shape_and_zero_padding_rows() -> None:
@@ -63,12 +81,61 @@ def test_projection_is_the_token_own_behavior_map() -> None:
         torch.testing.assert_close(out[0, t], expected)
 
 
-def test_categories_follow_set_item_categories() -> None:
-    embedding = make_embedding()
-    assert embedding.item_category[PAD_IDX] == PAD_IDX
-    assert (embedding.item_category[1:] == UNK_IDX).all()
+def test_default_table_is_unk_for_real_items_and_pad_for_the_pad_item() -> None:
+    embedding = make_embedding(width=3)
+    table = embedding.item_attributes
+    assert table.shape == (NUM_ITEMS, 3) and table.dtype == torch.long
+    assert (table[PAD_IDX] == PAD_IDX).all()
+    assert (table[1:, 0] == UNK_IDX).all()
+    assert (table[1:, 1:] == PAD_IDX).all()
+    assert "item_attributes" in embedding.state_dict()
+    unk = embedding.attribute_embedding.weight[UNK_IDX]
+    torch.testing.assert_close(embedding.item_features()[1:, 6:], unk.expand(NUM_ITEMS - 1, 3))
 
-    table = torch.tensor([0, 1, 2, 2, 3, 3, 2, 3, 2, 1])
+
+def test_attribute_bag_is_the_mean_over_non_pad_attributes() -> None:
+    embedding = make_embedding(width=3)
+    embedding.set_item_attributes(TABLE)
+    assert torch.equal(embedding.item_attributes, TABLE)
+    weight = embedding.attribute_embedding.weight
+    expected = {
+        2: (weight[2] + weight[3]) / 2,
+        3: torch.zeros(3),
+        4: weight[4],
+        5: (weight[2] + weight[3] + weight[4]) / 3,
+        7: weight[3],
+        8: (weight[4] + weight[5]) / 2,
+    }
+    whole = embedding.item_features()  # (I, item_dim + attribute_dim)
+    assert whole.shape == (NUM_ITEMS, 9)
+    batch = embedding.item_features(torch.tensor([[2, 3, 4], [5, 7, 8]]))  # (B, T, F)
+    assert batch.shape == (2, 3, 9)
+    flat_batch = batch.reshape(6, 9)
+    for position, (item, bag) in enumerate(expected.items()):
+        torch.testing.assert_close(whole[item, 6:], bag)
+        torch.testing.assert_close(whole[item, :6], embedding.item_embedding.weight[item])
+        torch.testing.assert_close(flat_batch[position], whole[item])
+    # The bag helper on its own, any leading shape.
+    bags = embedding.attribute_bag(torch.tensor([[[2, 3, 0]], [[0, 0, 0]]]))  # (2, 1, A)
+    assert bags.shape == (2, 1, 3)
+    torch.testing.assert_close(bags[0, 0], expected[2])
+    assert torch.equal(bags[1, 0], torch.zeros(3))
+
+
+def test_all_pad_attribute_row_gives_zeros_and_still_trains_the_item() -> None:
+    embedding = make_embedding(width=3)
+    embedding.set_item_attributes(TABLE)
+    features = embedding.item_features(torch.tensor([3]))
+    assert torch.equal(features[0, 6:], torch.zeros(3))
+    assert torch.isfinite(features).all()
+    embedding.item_features(torch.tensor([3, 2])).sum().backward()
+    assert torch.isfinite(embedding.attribute_embedding.weight.grad).all()
+    assert torch.equal(embedding.attribute_embedding.weight.grad[PAD_IDX], torch.zeros(3))
+    assert embedding.item_embedding.weight.grad[3].abs().sum() > 0
+
+
+def test_attributes_follow_set_item_attributes() -> None:
+    embedding = make_embedding(width=3)
     item = torch.tensor([[4, 5]])
     kwargs = {
         "behavior": torch.tensor([[2, 2]]),
@@ -76,31 +143,100 @@ def test_categories_follow_set_item_categories() -> None:
         "padding_mask": torch.ones(1, 2, dtype=torch.bool),
     }
     before = embedding(item, **kwargs)
-    embedding.set_item_categories(table)
+    embedding.set_item_attributes(TABLE)
     after = embedding(item, **kwargs)
-    assert torch.equal(embedding.item_category, table)
     assert not torch.allclose(before, after)
-    embedding.set_item_categories(table.tolist())  # e.g. Vocab.item_category_table()
-    assert torch.equal(embedding.item_category, table)
+    embedding.set_item_attributes(TABLE.tolist())  # a nested list from the data layer
+    assert torch.equal(embedding.item_attributes, TABLE)
 
-    features = embedding.item_features(torch.tensor([4]))
-    expected = torch.cat(
-        [embedding.item_embedding.weight[4], embedding.category_embedding.weight[3]]
+
+def test_width_one_table_is_the_single_category_lookup() -> None:
+    embedding = make_embedding(width=1)
+    categories = torch.tensor([0, 1, 2, 2, 3, 3, 2, 3, 2, 1])
+    embedding.set_item_attributes(categories)  # (I,) is accepted as (I, 1) when A == 1
+    assert torch.equal(embedding.item_attributes, categories[:, None])
+    embedding.set_item_attributes(categories[:, None])
+    assert torch.equal(embedding.item_attributes, categories[:, None])
+
+    items = torch.tensor([[0, 4, 9], [2, 6, 1]])  # (B, T), PAD item included
+    lookup = torch.cat(
+        [embedding.item_embedding(items), embedding.attribute_embedding(categories[items])],
+        dim=-1,
+    )  # the old ``item ⊕ category_embedding[item_category[item]]``
+    torch.testing.assert_close(embedding.item_features(items), lookup)
+    torch.testing.assert_close(
+        embedding.item_features(),
+        torch.cat(
+            [embedding.item_embedding.weight, embedding.attribute_embedding(categories)], dim=-1
+        ),
     )
-    torch.testing.assert_close(features[0], expected)
-    whole = embedding.item_features()
-    assert whole.shape == (NUM_ITEMS, 9)
-    torch.testing.assert_close(whole[4], expected)
 
 
-def test_set_item_categories_validation() -> None:
-    embedding = make_embedding()
-    with pytest.raises(ValueError, match=r"shape \(3,\), expected \(10,\)"):
-        embedding.set_item_categories(torch.tensor([0, 1, 2]))
-    with pytest.raises(ValueError, match=r"\[0, 4\] but num_categories=4"):
-        embedding.set_item_categories(torch.tensor([0, 1, 2, 2, 4, 3, 2, 3, 2, 1]))
-    with pytest.raises(ValueError, match="integer category indices"):
-        embedding.set_item_categories(torch.zeros(NUM_ITEMS))
+def test_padding_positions_give_zero_rows_with_attribute_sets() -> None:
+    embedding = make_embedding(width=3)
+    embedding.set_item_attributes(TABLE)
+    item = torch.tensor([[0, 0, 5, 3], [2, 7, 8, 9]])  # item 3 has no attributes: still real
+    behavior = torch.tensor([[0, 0, 2, 3], [2, 2, 3, 3]])
+    time_bucket = torch.tensor([[0, 0, 1, 2], [1, 2, 3, 4]])
+    padding_mask = item != PAD_IDX
+    out = embedding(item, behavior, time_bucket, padding_mask)
+    assert out.shape == (2, 4, 8)
+    assert torch.equal(out[~padding_mask], torch.zeros(2, 8))
+    assert (out[padding_mask].abs().sum(-1) > 0).all()
+    # Junk at padding positions (a real item with attributes) changes nothing.
+    junk = torch.where(padding_mask, item, torch.full_like(item, 5))
+    torch.testing.assert_close(embedding(junk, behavior, time_bucket, padding_mask), out)
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        (
+            torch.zeros(NUM_ITEMS, 2, dtype=torch.long),
+            r"shape \(10, 2\), expected \(10, 3\).*item_attribute_width=2",
+        ),
+        (
+            torch.zeros(4, 3, dtype=torch.long),
+            r"shape \(4, 3\), expected \(10, 3\).*num_items=10.*item_attribute_width=<A>",
+        ),
+        (torch.zeros(NUM_ITEMS, dtype=torch.long), r"shape \(10,\), expected \(10, 3\)"),
+        (torch.zeros(NUM_ITEMS, 3), r"dtype torch.float32: pass integer attribute indices"),
+        (torch.zeros(NUM_ITEMS, 3, dtype=torch.bool), r"dtype torch.bool"),
+        (
+            torch.where(TABLE == 5, 6, TABLE),
+            r"indices in \[0, 6\] but num_attributes=6: values must lie in \[0, 5\]",
+        ),
+        (torch.where(TABLE == 5, -1, TABLE), r"indices in \[-1, 4\]"),
+    ],
+    ids=["width", "rows", "1-d", "float", "bool", "too-high", "negative"],
+)
+def test_set_item_attributes_validation(table: torch.Tensor, message: str) -> None:
+    embedding = make_embedding(width=3)
+    before = embedding.item_attributes.clone()
+    with pytest.raises(ValueError, match=message):
+        embedding.set_item_attributes(table)
+    assert torch.equal(embedding.item_attributes, before)  # a rejected table changes nothing
+
+
+def test_state_dict_round_trip_with_attribute_sets() -> None:
+    embedding = make_embedding(width=3)
+    embedding.set_item_attributes(TABLE)
+    torch.manual_seed(99)
+    fresh = BehaviorAwareEmbedding(
+        num_items=NUM_ITEMS,
+        num_attributes=NUM_ATTRIBUTES,
+        num_behaviors=4,
+        num_time_buckets=5,
+        d_model=8,
+        item_dim=6,
+        attribute_dim=3,
+        item_attribute_width=3,
+        max_seq_len=6,
+        dropout=0.0,
+    ).eval()
+    fresh.load_state_dict(embedding.state_dict())
+    assert torch.equal(fresh.item_attributes, TABLE)
+    torch.testing.assert_close(fresh.item_features(), embedding.item_features(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -109,17 +245,22 @@ def test_set_item_categories_validation() -> None:
         ("num_items", 2, r"num_items=2 is invalid: pass an integer >= 3"),
         ("positional", "rotary", r"positional='rotary' is not supported"),
         ("dropout", -0.1, r"dropout=-0.1 is invalid"),
+        ("num_attributes", 1, r"num_attributes=1 is invalid: pass an integer >= 2"),
+        ("attribute_dim", 0, r"attribute_dim=0 is invalid"),
+        ("item_attribute_width", 0, r"item_attribute_width=0 is invalid: pass an integer >= 1"),
+        ("item_attribute_width", 2.0, r"item_attribute_width=2.0 is invalid"),
     ],
 )
 def test_constructor_validation(name: str, value: object, message: str) -> None:
     kwargs = {
         "num_items": NUM_ITEMS,
-        "num_categories": NUM_CATEGORIES,
+        "num_attributes": NUM_ATTRIBUTES,
         "num_behaviors": 4,
         "num_time_buckets": 5,
         "d_model": 8,
         "item_dim": 6,
-        "category_dim": 3,
+        "attribute_dim": 3,
+        "item_attribute_width": 1,
         "positional": "none",
         "max_seq_len": 6,
         "dropout": 0.0,

@@ -7,7 +7,7 @@ import torch
 
 from recsys.checkpoint import LoadedModel
 from recsys.data.dataset import SequenceStore, TargetRows
-from recsys.data.prepare import PrepareSettings, load_events, prepare_dataset, scoring_sequences
+from recsys.data.pipeline import PrepareSettings, load_events, prepare_dataset, scoring_sequences
 from recsys.data.synthetic import generate_events
 from recsys.data.vocab import Vocab
 from recsys.model.atrank import ATRank

@@ -1,4 +1,4 @@
-"""Tests for recsys.data.prepare: the prepared folder and its statistics, the fingerprint, atomic
+"""Tests for recsys.data.pipeline: the prepared folder and its statistics, the fingerprint, atomic
 replacement, and scoring sequences built with a saved vocabulary."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from recsys.data.dataset import SequenceStore
-from recsys.data.prepare import (
+from recsys.data.pipeline import (
     SEQUENCES_FILE,
     STATS_FILE,
     PrepareSettings,

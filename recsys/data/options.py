@@ -1,0 +1,101 @@
+"""The data options (``conf/data/*.yaml`` keys, or keyword arguments of
+:func:`recsys.data.prepare`) -> typed :class:`~recsys.schema.EventSchema` and
+:class:`~recsys.data.pipeline.PrepareSettings`.
+
+This is the one place where option names meet code, for Hydra and the Python API alike.
+Missing keys take the defaults of ``conf/data/base.yaml``; unknown keys are an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from recsys.data.pipeline import DEFAULT_ITEM_COLUMNS, PrepareSettings
+from recsys.data.sequences import TimeBuckets
+from recsys.data.split import SplitSettings
+from recsys.data.validate import BadRowPolicy, parse_instant
+from recsys.schema import EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
+
+SCHEMA_KEYS = {
+    "columns",
+    "behaviors",
+    "behavior_aliases",
+    "timestamp_unit",
+    "attribute_separator",
+}
+SETTINGS_KEYS = {
+    "split",
+    "time_buckets",
+    "bad_rows",
+    "as_of",
+    "window",
+    "min_user_events",
+    "min_item_events",
+    "max_user_events",
+    "session_gap_seconds",
+    "min_item_count",
+    "max_item_attributes",
+    "partition_rows",
+}
+ITEM_KEYS = {"item_columns"}
+# keys of the data config that are not about preparation (sources, model input, loaders)
+OTHER_KEYS = {"name", "source", "items", "max_seq_len", "prepared_dir", "loader"}
+DEFAULT_COLUMNS = {USER: USER, ITEM: ITEM, TIMESTAMP: TIMESTAMP, EVENT_TYPE: EVENT_TYPE}
+
+
+def check_keys(options: Mapping[str, Any], *, allowed: set[str]) -> None:
+    unknown = set(options) - allowed
+    if unknown:
+        raise ValueError(f"unknown data option(s) {sorted(unknown)}; known: {sorted(allowed)}")
+
+
+def event_schema(options: Mapping[str, Any]) -> EventSchema:
+    columns = {**DEFAULT_COLUMNS, **dict(options.get("columns") or {})}
+    defaults = EventSchema()
+    return EventSchema(
+        columns={k: v for k, v in columns.items() if v},
+        behaviors=tuple(options.get("behaviors") or defaults.behaviors),
+        behavior_aliases=dict(options.get("behavior_aliases") or {}),
+        timestamp_unit=options.get("timestamp_unit") or "s",
+        attribute_separator=options.get("attribute_separator"),
+    )
+
+
+def item_columns(options: Mapping[str, Any]) -> dict[str, str | None]:
+    return {**DEFAULT_ITEM_COLUMNS, **dict(options.get("item_columns") or {})}
+
+
+def time_buckets(options: Mapping[str, Any]) -> TimeBuckets:
+    return TimeBuckets(**dict(options.get("time_buckets") or {}))
+
+
+def prepare_settings(options: Mapping[str, Any]) -> PrepareSettings:
+    split = dict(options.get("split") or {})
+    if split.get("target_behaviors"):
+        split["target_behaviors"] = tuple(split["target_behaviors"])
+    window = dict(options.get("window") or {})
+    check_keys(window, allowed={"start", "end"})
+    defaults = PrepareSettings()
+    plain = {
+        key: options[key]
+        for key in (
+            "min_user_events",
+            "min_item_events",
+            "max_user_events",
+            "session_gap_seconds",
+            "min_item_count",
+            "max_item_attributes",
+            "partition_rows",
+        )
+        if key in options
+    }
+    return PrepareSettings(
+        split=SplitSettings(**split),
+        time_buckets=time_buckets(options),
+        bad_rows=BadRowPolicy.from_dict(options.get("bad_rows")),
+        as_of=parse_instant(options.get("as_of"), option="data.as_of"),
+        window_start=parse_instant(window.get("start"), option="data.window.start"),
+        window_end=parse_instant(window.get("end"), option="data.window.end"),
+        **{**{k: getattr(defaults, k) for k in plain}, **plain},
+    )

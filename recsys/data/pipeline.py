@@ -1,0 +1,625 @@
+"""Event log -> prepared dataset folder: the data layer end to end, in bounded memory.
+
+Stages (each a streaming pass or a loop over user partitions; nothing holds the whole log)::
+
+    scan_events -> normalize -> classify          stream, sink into user-hash partitions
+    bad-row policy (error | drop)                 counts; errors stop here, nothing written
+    per partition: sort, label duplicates, clip to the time window
+    k-core membership                             iterative, one streaming pass per round
+    per partition: k-core filter, keep last N per user, sessionize, positions
+    temporal cut times                            one column, streamed
+    per partition: split positions
+    vocab.fit(training window only)               streamed aggregates
+    per partition: encode, one row per user       -> sequences.parquet
+    quarantine.parquet, vocabularies, stats.json
+
+Rows are routed to a partition by a hash of the user id, so every per-user step (sorting,
+dedupe, truncation, sessions, splits) sees all of a user's events while holding only about
+``partition_rows`` events in memory. Global steps (bad-row counts, k-core, cut times,
+vocabulary) are polars streaming aggregations whose size is the number of users or items.
+
+The folder is built in a temporary sibling and renamed into place at the end, so a failed or
+interrupted run never leaves a partial dataset (or a partial quarantine file) behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from tqdm.auto import tqdm
+
+from recsys.data import transforms
+from recsys.data.io import DataError, EventSource, describe_source, scan_events, scan_items
+from recsys.data.sequences import ITEMS, TimeBuckets, build_sequences
+from recsys.data.split import (
+    TEST_START,
+    TEST_TARGET,
+    TRAIN_END,
+    VAL_TARGET,
+    SplitPoints,
+    SplitSettings,
+    split_positions,
+    temporal_cuts,
+)
+from recsys.data.transforms import POSITION, SESSION_INDEX
+from recsys.data.validate import (
+    PROBLEM,
+    PROBLEM_KINDS,
+    RAW_EVENT_TYPE,
+    RAW_TIMESTAMP,
+    ROW,
+    BadRowPolicy,
+    attribute_list,
+    classify,
+    enforce,
+    log_summary,
+    normalize,
+    parse_instant,
+    problem_summary,
+)
+from recsys.data.vocab import Vocab
+from recsys.schema import (
+    ATTRIBUTES,
+    CATEGORY,
+    EVENT_TYPE,
+    ITEM,
+    SESSION,
+    TIMESTAMP,
+    UNK_IDX,
+    USER,
+    EventSchema,
+)
+
+log = logging.getLogger(__name__)
+
+SEQUENCES_FILE = "sequences.parquet"
+STATS_FILE = "stats.json"
+QUARANTINE_FILE = "quarantine.parquet"
+_HASH = "_hash"
+_PART = "_part"
+DEFAULT_ITEM_COLUMNS = {ITEM: ITEM, CATEGORY: None, ATTRIBUTES: ATTRIBUTES}
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """Every option that shapes the prepared data (the ``data`` config group minus the source
+    and its columns). See ``conf/data/base.yaml`` for each option's meaning."""
+
+    split: SplitSettings = field(default_factory=SplitSettings)
+    time_buckets: TimeBuckets = field(default_factory=TimeBuckets)
+    bad_rows: BadRowPolicy = field(default_factory=BadRowPolicy)
+    as_of: datetime | None = None
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+    min_user_events: int = 2
+    min_item_events: int = 1
+    max_user_events: int | None = None
+    session_gap_seconds: float | None = None
+    min_item_count: int = 1
+    max_item_attributes: int = 32
+    partition_rows: int = 4_000_000
+
+    def __post_init__(self) -> None:
+        for name, minimum in (
+            ("min_user_events", 1),
+            ("min_item_events", 1),
+            ("min_item_count", 1),
+            ("max_item_attributes", 1),
+            ("partition_rows", 1_000),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ValueError(f"data.{name}={value!r} must be an integer >= {minimum}")
+        if self.max_user_events is not None and (
+            not isinstance(self.max_user_events, int) or self.max_user_events < self.min_user_events
+        ):
+            raise ValueError(
+                f"data.max_user_events={self.max_user_events!r} must be an integer >= "
+                f"data.min_user_events={self.min_user_events} (or null to keep every event)"
+            )
+        if self.session_gap_seconds is not None and not self.session_gap_seconds > 0:
+            raise ValueError(
+                f"data.session_gap_seconds={self.session_gap_seconds} must be > 0 (or null)"
+            )
+        if self.window_start and self.window_end and self.window_start >= self.window_end:
+            raise ValueError(
+                f"data.window.start={self.window_start.isoformat()} is not before "
+                f"data.window.end={self.window_end.isoformat()}"
+            )
+
+    def to_dict(self) -> dict:
+        plain = asdict(self)
+        for key in ("as_of", "window_start", "window_end"):
+            plain[key] = None if plain[key] is None else plain[key].isoformat()
+        return plain
+
+
+# -- the in-memory path (scoring, notebooks) ----------------------------------------------------
+def load_events(
+    source: EventSource,
+    schema: EventSchema,
+    *,
+    bad_rows: BadRowPolicy | None = None,
+    as_of: datetime | None = None,
+) -> pl.DataFrame:
+    """Read, type and check a (small enough) event log in memory with the same rules as
+    :func:`prepare_dataset`: ``error`` kinds raise :class:`DataError`; ``drop`` kinds are
+    removed and counted in a warning. Duplicates are kept (callers dedupe). Columns:
+    ``user_id, item_id, timestamp, event_type, attributes`` (+ ``session_id``)."""
+    policy = bad_rows or BadRowPolicy()
+    name = describe_source(source)
+    lf = scan_events(source, schema).with_row_index(ROW)
+    classified = _collect(
+        lf.pipe(normalize, schema=schema).pipe(classify, as_of=as_of or datetime.now(UTC)),
+        name,
+    ).lazy()
+    counts = problem_summary(classified)
+    enforce(counts, policy, source_name=name, examples=classified)
+    log_summary(counts, source_name=name)
+    clean = classified.filter(pl.col(PROBLEM).is_null()).collect()
+    if clean.height == 0:
+        raise DataError(f"{name} has no rows: export a non-empty event log")
+    return clean.drop(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE)
+
+
+def _collect(lf: pl.LazyFrame, name: str) -> pl.DataFrame:
+    try:
+        return lf.collect(engine="streaming")
+    except pl.exceptions.PolarsError as err:
+        raise DataError(f"{name} could not be read: {err}") from err
+
+
+# -- the prepared folder -----------------------------------------------------------------------
+@contextmanager
+def _staging(out_dir: Path) -> Iterator[Path]:
+    """A temporary sibling of ``out_dir`` that replaces it on success and vanishes on failure."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        yield tmp
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class _Partitions:
+    """The per-user-partition work files of one preparation run."""
+
+    def __init__(self, work: Path, count: int) -> None:
+        self.work = work
+        self.count = count
+
+    def stage(self, name: str) -> Path:
+        return self.work / name
+
+    def path(self, name: str, index: int) -> Path:
+        return self.work / name / f"part-{index:05d}.parquet"
+
+    def scan(self, name: str) -> pl.LazyFrame:
+        return pl.scan_parquet(self.work / name / "*.parquet")
+
+    def map(self, desc: str, fn: Callable[[int], None]) -> None:
+        for index in tqdm(range(self.count), desc=desc, unit="part", disable=self.count == 1):
+            fn(index)
+
+
+def prepare_dataset(
+    source: EventSource,
+    *,
+    schema: EventSchema,
+    settings: PrepareSettings,
+    out_dir: str | Path,
+    items: EventSource | None = None,
+    item_columns: Mapping[str, str | None] | None = None,
+) -> dict:
+    """Prepare ``source`` into ``out_dir`` (replaced if it exists) and return its statistics.
+
+    ``items`` is an optional item side table (``item_columns`` maps its ``item_id`` and
+    ``category`` / ``attributes`` columns). Raises :class:`DataError` for bad input and
+    ``ValueError`` for settings that cannot work with this log; either way nothing is written.
+    """
+    out_dir = Path(out_dir)
+    name = describe_source(source)
+    if not schema.has(TIMESTAMP) and settings.split.method == "temporal":
+        raise DataError(
+            f"{name}: the log has no timestamp column (data.columns.timestamp=null), so a "
+            "temporal split is impossible: use data.split.method=leave_one_out or leave_last_n"
+        )
+    with _staging(out_dir) as stage:
+        stats = _prepare(source, name, schema, settings, stage, items, item_columns)
+    log.info(
+        "prepared %s: %d users, %d events (%d train), %d items, val/test targets %d/%d -> %s",
+        name,
+        stats["users"],
+        stats["events"],
+        stats["train_events"],
+        stats["num_items"],
+        stats["val_targets"],
+        stats["test_targets"],
+        out_dir,
+    )
+    return stats
+
+
+def _prepare(
+    source: EventSource,
+    name: str,
+    schema: EventSchema,
+    settings: PrepareSettings,
+    stage: Path,
+    items: EventSource | None,
+    item_columns: Mapping[str, str | None] | None,
+) -> dict:
+    raw = scan_events(source, schema)
+    rows_read = int(_collect(raw.select(pl.len()), name).item())
+    if rows_read == 0:
+        raise DataError(f"{name} has no rows: export a non-empty event log")
+    parts = _Partitions(stage / "_work", max(1, math.ceil(rows_read / settings.partition_rows)))
+    as_of = settings.as_of or datetime.now(UTC)
+
+    # 1. one streaming pass: types, problem labels, input hash -> user partitions
+    row_hash = pl.struct(pl.all()).hash(seed=0).alias(_HASH)
+    typed = (
+        raw.with_row_index(ROW)
+        .with_columns(row_hash)
+        .pipe(normalize, schema=schema, keep=(_HASH,))
+        .pipe(classify, as_of=as_of)
+        .with_columns((pl.col(USER).hash(seed=1) % parts.count).alias(_PART))
+    )
+    try:
+        typed.sink_parquet(
+            pl.PartitionBy(parts.stage("typed"), key=_PART, include_key=False), mkdir=True
+        )
+    except pl.exceptions.PolarsError as err:
+        raise DataError(f"{name} could not be read: {err}") from err
+    typed_all = pl.scan_parquet(parts.stage("typed") / "**" / "*.parquet")
+    bad = problem_summary(typed_all)
+    enforce(bad, settings.bad_rows, source_name=name, examples=typed_all)
+
+    # 2. per partition: sort, duplicates, time window; quarantine what is set aside
+    counters = {"duplicate": 0, "outside_window": 0}
+    digest = np.zeros(1, dtype=np.uint64)
+
+    def clean(index: int) -> None:
+        files = sorted((parts.stage("typed") / f"{_PART}={index}").glob("*.parquet"))
+        df = pl.read_parquet(files) if files else typed_all.head(0).collect()
+        digest[0] += np.sum(df[_HASH].to_numpy(), dtype=np.uint64)  # wraps mod 2**64
+        df = (
+            df.drop(_HASH)
+            .lazy()
+            .pipe(transforms.sort_events)
+            .pipe(transforms.label_duplicates)
+            .collect()
+        )
+        duplicates = df.filter(pl.col(PROBLEM) == "duplicate")
+        if duplicates.height:
+            enforce(
+                {"duplicate": duplicates.height},
+                settings.bad_rows,
+                source_name=name,
+                examples=duplicates.lazy(),
+            )
+        counters["duplicate"] += duplicates.height
+        df.filter(pl.col(PROBLEM).is_not_null()).write_parquet(parts.path("quarantine", index))
+        good = df.filter(pl.col(PROBLEM).is_null()).drop(PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE)
+        kept = good.lazy().pipe(
+            transforms.clip_window, start=settings.window_start, end=settings.window_end
+        )
+        kept = kept.collect()
+        counters["outside_window"] += good.height - kept.height
+        kept.write_parquet(parts.path("clean", index))
+
+    for folder in ("quarantine", "clean", "final", "positions", "sequences"):
+        parts.stage(folder).mkdir(parents=True)
+    parts.map("clean", clean)
+    shutil.rmtree(parts.stage("typed"))
+    bad["duplicate"] = counters["duplicate"]
+    bad = {kind: bad[kind] for kind in PROBLEM_KINDS if bad.get(kind)}
+    log_summary(bad, source_name=name)
+    clean_rows = int(parts.scan("clean").select(pl.len()).collect(engine="streaming").item())
+    if clean_rows == 0:
+        raise DataError(
+            f"{name}: no events left after setting aside bad rows {bad} and clipping to the "
+            f"window [{settings.window_start}, {settings.window_end})"
+        )
+
+    # 3. k-core membership (global), then per-user steps per partition
+    members = None
+    iterations = 0
+    if settings.min_user_events > 1 or settings.min_item_events > 1:
+        users, item_ids, iterations = transforms.kcore_members(
+            parts.scan("clean"),
+            min_user_events=settings.min_user_events,
+            min_item_events=settings.min_item_events,
+        )
+        members = (users, item_ids)
+    has_sessions = schema.has(SESSION) or settings.session_gap_seconds is not None
+    counters.update(kcore=0, truncated=0)
+
+    def finalize(index: int) -> None:
+        events = pl.read_parquet(parts.path("clean", index))
+        kept = (
+            events
+            if members is None
+            else events.lazy().pipe(transforms.filter_members, *members).collect()
+        )
+        final = (
+            kept.lazy()
+            .pipe(transforms.keep_last_events, max_events=settings.max_user_events)
+            .pipe(
+                transforms.sessionize,
+                gap_seconds=settings.session_gap_seconds,
+                has_session_id=schema.has(SESSION),
+            )
+            .pipe(transforms.add_position)
+            .collect()
+        )
+        counters["kcore"] += events.height - kept.height
+        counters["truncated"] += kept.height - final.height
+        final.write_parquet(parts.path("final", index))
+
+    parts.map("filter", finalize)
+    shutil.rmtree(parts.stage("clean"))
+    final = parts.scan("final")
+    summary = final.select(
+        pl.len().alias("events"),
+        pl.col(USER).n_unique().alias("users"),
+        pl.col(ITEM).n_unique().alias("items"),
+        pl.col(TIMESTAMP).min().alias("first"),
+        pl.col(TIMESTAMP).max().alias("last"),
+    ).collect(engine="streaming")
+    if summary["events"][0] == 0:
+        raise ValueError(
+            f"{name}: no events survive min_user_events={settings.min_user_events} and "
+            f"min_item_events={settings.min_item_events}: lower them"
+        )
+
+    # 4. split
+    points = (
+        temporal_cuts(final, settings.split)
+        if settings.split.method == "temporal"
+        else SplitPoints(None, None)
+    )
+
+    def split(index: int) -> None:
+        events = pl.scan_parquet(parts.path("final", index))
+        positions = split_positions(events, settings.split, points).collect()
+        positions.write_parquet(parts.path("positions", index))
+
+    parts.map("split", split)
+    positions = parts.scan("positions")
+
+    # 5. vocabulary on the training window only
+    train = final.join(positions.select(USER, TRAIN_END), on=USER).filter(
+        pl.col(POSITION) < pl.col(TRAIN_END)
+    )
+    item_table = None
+    if items is not None:
+        item_table = _item_table(items, item_columns, schema, final.collect_schema()[ITEM])
+    vocab = Vocab.fit(
+        train,
+        behaviors=schema.behaviors,
+        min_item_count=settings.min_item_count,
+        item_table=item_table,
+        max_item_attributes=settings.max_item_attributes,
+    )
+    if vocab.items.height == 0:
+        raise ValueError(
+            "the training window holds no items: lower data.split.val_fraction/test_fraction "
+            "or data.min_item_count"
+        )
+
+    # 6. encode into one row per user
+    unknown_targets = {f"{c}s_unknown_item": 0 for c in (VAL_TARGET, TEST_TARGET)}
+
+    def encode(index: int) -> None:
+        events = pl.scan_parquet(parts.path("final", index))
+        encoded = vocab.encode(events, behavior_column=EVENT_TYPE)
+        sequences = build_sequences(
+            encoded, pl.scan_parquet(parts.path("positions", index))
+        ).collect()
+        sequences, counts = _drop_unknown_targets(sequences)
+        for key, value in counts.items():
+            unknown_targets[key] += value
+        sequences.write_parquet(parts.path("sequences", index))
+
+    parts.map("encode", encode)
+    sequences = parts.scan("sequences")
+    sequences.sink_parquet(stage / SEQUENCES_FILE)
+    parts.scan("quarantine").select(
+        pl.col(ROW).alias("row"),
+        pl.col(PROBLEM).alias("problem"),
+        pl.all().exclude(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE),
+        pl.col(RAW_TIMESTAMP).alias("raw_timestamp"),
+        pl.col(RAW_EVENT_TYPE).alias("raw_event_type"),
+    ).sort("row").sink_parquet(stage / QUARANTINE_FILE)
+    vocab.save(stage)
+
+    totals = (
+        pl.scan_parquet(stage / SEQUENCES_FILE)
+        .select(
+            pl.len().alias("users"),
+            pl.col(TRAIN_END).sum().alias("train_events"),
+            (pl.col(TRAIN_END) >= 2).sum().alias("train_users"),
+            (pl.col(VAL_TARGET) >= 0).sum().alias("val_targets"),
+            (pl.col(TEST_TARGET) >= 0).sum().alias("test_targets"),
+            *(
+                [pl.col(SESSION_INDEX).list.max().add(1).sum().alias("sessions")]
+                if has_sessions
+                else []
+            ),
+        )
+        .collect()
+        .row(0, named=True)
+    )
+    items_hash = _frame_digest(item_table.collect()) if item_table is not None else None
+    stats = {
+        "source": name,
+        "fingerprint": _fingerprint(rows_read, int(digest[0]), items_hash, settings, schema),
+        "rows_read": rows_read,
+        "bad_rows": bad,
+        "bad_rows_policy": asdict(settings.bad_rows),
+        "quarantined": sum(bad.values()),
+        "duplicates_removed": bad.get("duplicate", 0),
+        "events_outside_window": counters["outside_window"],
+        "kcore_iterations": iterations,
+        "events_removed_by_kcore": counters["kcore"],
+        "events_removed_by_max_user_events": counters["truncated"],
+        "events": int(summary["events"][0]),
+        "users": int(totals["users"]),
+        "items": int(summary["items"][0]),
+        **({"sessions": int(totals["sessions"])} if has_sessions else {}),
+        "train_events": int(totals["train_events"]),
+        "train_users": int(totals["train_users"]),
+        "val_targets": int(totals["val_targets"]),
+        "test_targets": int(totals["test_targets"]),
+        **unknown_targets,
+        "num_items": vocab.num_items,
+        "num_attributes": vocab.num_attributes,
+        "attribute_width": vocab.attribute_width,
+        "num_behaviors": vocab.num_behaviors,
+        "vocab_hash": vocab.content_hash(),
+        "split": {
+            **asdict(settings.split),
+            "val_start": None if points.val_start is None else points.val_start.isoformat(),
+            "test_start": None if points.test_start is None else points.test_start.isoformat(),
+        },
+        "settings": settings.to_dict(),
+        "as_of": as_of.isoformat(),
+        "ordered_by": "timestamp" if schema.has(TIMESTAMP) else "input order",
+        "time_buckets": asdict(settings.time_buckets),
+        "min_user_events": settings.min_user_events,
+        "min_item_count": settings.min_item_count,
+        "schema": schema.to_dict(),
+        "first_event": summary["first"][0].isoformat(),
+        "last_event": summary["last"][0].isoformat(),
+        "partitions": parts.count,
+        "polars_version": pl.__version__,
+    }
+    if stats["val_targets"] == 0 or stats["test_targets"] == 0:
+        raise ValueError(
+            f"{name}: the split leaves {stats['val_targets']} validation and "
+            f"{stats['test_targets']} test targets; the log is too small or the windows too "
+            "narrow — widen data.split.val_fraction/test_fraction or use data.split.method="
+            "leave_one_out"
+        )
+    shutil.rmtree(parts.work)
+    (stage / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
+    return stats
+
+
+def _item_table(
+    items: EventSource,
+    item_columns: Mapping[str, str | None] | None,
+    schema: EventSchema,
+    item_dtype: pl.DataType,
+) -> pl.LazyFrame:
+    """The item side table as ``item_id`` (the event log's id type) + ``attributes`` list."""
+    columns = dict(item_columns or DEFAULT_ITEM_COLUMNS)
+    lf = scan_items(items, columns)
+    types = lf.collect_schema()
+    side = ATTRIBUTES if columns.get(ATTRIBUTES) else CATEGORY
+    attributes = attribute_list(
+        types[side],
+        side,
+        separator=schema.attribute_separator if side == ATTRIBUTES else None,
+        option=f"data.item_columns.{side}",
+    )
+    name = describe_source(items)
+    try:
+        table = lf.select(pl.col(ITEM).cast(item_dtype), attributes.alias(ATTRIBUTES)).collect(
+            engine="streaming"
+        )
+    except pl.exceptions.PolarsError as err:
+        raise DataError(
+            f"{name}: item ids of type {types[ITEM]} do not match the event log's {item_dtype} "
+            f"({err}): export both with the same id type"
+        ) from err
+    return table.lazy()
+
+
+def _drop_unknown_targets(sequences: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, int]]:
+    """A target whose item is not in the (train-fitted) vocabulary cannot be ranked: it is set
+    aside (position -1) and counted, never silently."""
+    counts: dict[str, int] = {}
+    updates = []
+    for column in (VAL_TARGET, TEST_TARGET):
+        target_item = pl.col(ITEMS).list.get(pl.col(column).clip(lower_bound=0), null_on_oob=True)
+        unknown = (pl.col(column) >= 0) & (target_item == UNK_IDX)
+        counts[f"{column}s_unknown_item"] = int(sequences.select(unknown.sum()).item())
+        updates.append(pl.when(unknown).then(-1).otherwise(pl.col(column)).alias(column))
+    return sequences.with_columns(updates), counts
+
+
+def _frame_digest(frame: pl.DataFrame) -> int:
+    return int(np.sum(frame.hash_rows(seed=0).to_numpy(), dtype=np.uint64))
+
+
+def _fingerprint(
+    rows: int,
+    rows_digest: int,
+    items_digest: int | None,
+    settings: PrepareSettings,
+    schema: EventSchema,
+) -> str:
+    """sha256 of the input's content (every row with its input position) and of every setting
+    that shapes the data. Row hashes come from polars (recorded as ``polars_version``)."""
+    payload = [
+        rows,
+        rows_digest,
+        items_digest,
+        {**settings.to_dict(), "as_of": settings.as_of and settings.as_of.isoformat()},
+        schema.to_dict(),
+    ]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load_stats(folder: str | Path) -> dict:
+    path = Path(folder) / STATS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the prepare step first")
+    return json.loads(path.read_text())
+
+
+def scoring_sequences(
+    events: pl.DataFrame, *, vocab: Vocab, as_of: datetime | None = None
+) -> pl.DataFrame:
+    """Each user's whole history up to and including ``as_of`` (default: everything), encoded
+    with a *saved* vocabulary (never refitted: unseen items become UNK), as a sequence table
+    without targets. ``events`` come from :func:`load_events`."""
+    lf = events.lazy().with_row_index(ROW)
+    as_of = parse_instant(as_of, option="as_of")
+    if as_of is not None:
+        lf = lf.filter(pl.col(TIMESTAMP) <= as_of)
+    lf = lf.pipe(transforms.sort_events).pipe(transforms.dedupe)
+    encoded = vocab.encode(lf, behavior_column=EVENT_TYPE)
+    positions = lf.group_by(USER, maintain_order=True).agg(
+        pl.len().cast(pl.Int32).alias(TRAIN_END),
+        pl.lit(-1, dtype=pl.Int32).alias(VAL_TARGET),
+        pl.len().cast(pl.Int32).alias(TEST_START),
+        pl.lit(-1, dtype=pl.Int32).alias(TEST_TARGET),
+    )
+    sequences = build_sequences(encoded, positions).collect()
+    if sequences.height == 0:
+        raise ValueError(f"no events at or before as_of={as_of}: nothing to score")
+    return sequences
