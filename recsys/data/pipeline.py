@@ -167,7 +167,7 @@ def load_events(
         name,
     ).lazy()
     counts = problem_summary(classified)
-    enforce(counts, policy, source_name=name, examples=classified)
+    enforce(counts, policy, source_name=name, examples=classified, schema=schema, as_of=as_of)
     log_summary(counts, source_name=name)
     clean = classified.filter(pl.col(PROBLEM).is_null()).collect()
     if clean.height == 0:
@@ -294,7 +294,9 @@ def _prepare(
         raise DataError(f"{name} could not be read: {err}") from err
     typed_all = pl.scan_parquet(parts.stage("typed") / "**" / "*.parquet")
     bad = problem_summary(typed_all)
-    enforce(bad, settings.bad_rows, source_name=name, examples=typed_all)
+    enforce(
+        bad, settings.bad_rows, source_name=name, examples=typed_all, schema=schema, as_of=as_of
+    )
 
     # 2. per partition: sort, duplicates, time window; quarantine what is set aside
     counters = {"duplicate": 0, "outside_window": 0}
@@ -318,6 +320,7 @@ def _prepare(
                 settings.bad_rows,
                 source_name=name,
                 examples=duplicates.lazy(),
+                schema=schema,
             )
         counters["duplicate"] += duplicates.height
         df.filter(pl.col(PROBLEM).is_not_null()).write_parquet(parts.path("quarantine", index))

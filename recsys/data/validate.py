@@ -63,6 +63,14 @@ PROBLEM_KINDS = (
     "duplicate",
 )
 POLICIES = ("error", "drop")
+_DESCRIPTIONS = {
+    "null_id": "with a null user or item id (columns {user_id!r} / {item_id!r})",
+    "bad_timestamp": "whose timestamp (column {timestamp!r}) could not be parsed",
+    "unknown_behavior": "with an event type (column {event_type!r}) outside {behaviors}",
+    "negative_timestamp": "with a timestamp before 1970-01-01 (column {timestamp!r})",
+    "future_timestamp": "with a timestamp after as_of={as_of} (column {timestamp!r})",
+    "duplicate": "repeating an earlier identical event (same user, item, event type, timestamp)",
+}
 _FIXES = {
     "null_id": "fill the ids upstream, or data.bad_rows.null_id=drop",
     "bad_timestamp": "use Unix seconds (data.timestamp_unit=s), milliseconds "
@@ -292,12 +300,19 @@ def enforce(
     *,
     source_name: str,
     examples: pl.LazyFrame,
+    schema: EventSchema,
+    as_of: datetime | None = None,
 ) -> None:
     """Raise one :class:`DataError` for every kind whose policy is ``error`` and that occurs.
 
     ``examples`` is the classified log; up to three rows per failing kind are quoted (input row
     numbers are 0-based, header excluded).
     """
+    wording = {
+        **{c: schema.columns.get(c) for c in (USER, ITEM, TIMESTAMP, EVENT_TYPE)},
+        "behaviors": list(schema.behaviors),
+        "as_of": as_of.isoformat() if as_of else None,
+    }
     failing = [kind for kind in PROBLEM_KINDS if counts.get(kind) and kind in policy.kinds("error")]
     if not failing:
         return
@@ -315,8 +330,12 @@ def enforce(
                 .to_list()
             )
             detail = f"names {names}; {detail}"
-        lines.append(f"{counts[kind]} row(s) {kind} ({detail}): {_FIXES[kind]}")
-    raise DataError(f"{source_name}: bad rows, nothing was written:\n  - " + "\n  - ".join(lines))
+        what = _DESCRIPTIONS[kind].format(**wording)
+        lines.append(f"{counts[kind]} row(s) {what} [{kind}] ({detail}); fix: {_FIXES[kind]}")
+    raise DataError(
+        f"{source_name}: bad rows (row numbers are 0-based, header excluded), nothing was "
+        "written:\n  - " + "\n  - ".join(lines)
+    )
 
 
 def log_summary(counts: Mapping[str, int], *, source_name: str) -> None:

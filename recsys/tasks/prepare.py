@@ -8,18 +8,28 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from recsys.config import event_schema, prepare_settings
+from recsys.config import event_schema, item_columns, prepare_settings
 from recsys.data.pipeline import prepare_dataset
 
 log = logging.getLogger(__name__)
 
 
+def _source(value, option: str):
+    """A config value naming data: a path, or a ``_target_`` that returns a frame."""
+    if value is None:
+        raise ValueError(f"{option} is not set: give a CSV/Parquet path ({option}=...)")
+    return instantiate(value) if isinstance(value, DictConfig) else str(value)
+
+
 def event_source(cfg: DictConfig):
     """``data.source``: a path to a CSV/Parquet log, or a ``_target_`` that returns a frame."""
-    source = cfg.data.source
-    if source is None:
-        raise ValueError("data.source is not set: give a CSV/Parquet path (data.source=...)")
-    return instantiate(source) if isinstance(source, DictConfig) else str(source)
+    return _source(cfg.data.source, "data.source")
+
+
+def item_source(cfg: DictConfig):
+    """``data.items``: the optional item side table (None when not set)."""
+    items = cfg.data.get("items")
+    return None if items is None else _source(items, "data.items")
 
 
 def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
@@ -30,6 +40,8 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
         schema=event_schema(cfg.data),
         settings=prepare_settings(cfg.data),
         out_dir=out_dir,
+        items=item_source(cfg),
+        item_columns=item_columns(cfg.data),
     )
     log.info("prepared dataset at %s", out_dir)
     return out_dir

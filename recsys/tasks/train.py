@@ -14,12 +14,14 @@ from omegaconf import DictConfig, OmegaConf
 from recsys.checkpoint import checkpoint_extra
 from recsys.config import event_schema, to_container
 from recsys.data.datamodule import SeqRecDataModule
-from recsys.data.pipeline import STATS_FILE
+from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, use_tracker
 
 log = logging.getLogger(__name__)
+
+MAX_QUARANTINE_ARTIFACT_BYTES = 50 * 2**20  # larger quarantines stay beside the prepared data
 
 
 @dataclass
@@ -45,12 +47,13 @@ def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Mod
     encoder = instantiate(
         cfg.model,
         num_items=vocab.num_items,
-        num_categories=vocab.num_categories,
+        num_attributes=vocab.num_attributes,
+        item_attribute_width=vocab.attribute_width,
         num_behaviors=vocab.num_behaviors,
         num_time_buckets=datamodule.time_buckets.num_embeddings,
         max_seq_len=cfg.data.max_seq_len,
     )
-    encoder.set_item_categories(torch.tensor(vocab.item_category_table(), dtype=torch.long))
+    encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
     return encoder
 
 
@@ -63,6 +66,16 @@ def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> Non
     tracker.log_artifact(config_file, "config")
     for name in (*VOCAB_FILES.values(), STATS_FILE):
         tracker.log_artifact(prepared_dir / name, "data")
+    quarantine = prepared_dir / QUARANTINE_FILE
+    if quarantine.exists() and quarantine.stat().st_size <= MAX_QUARANTINE_ARTIFACT_BYTES:
+        tracker.log_artifact(quarantine, "data")
+    stats = load_stats(prepared_dir)
+    tracker.set_tags(
+        {
+            "data.fingerprint": stats["fingerprint"],
+            **{f"data.{k}": str(stats[k]) for k in ("rows_read", "events", "users", "quarantined")},
+        }
+    )
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:

@@ -1,0 +1,640 @@
+"""Loaders for public dataset formats: each returns a ``pl.LazyFrame`` with canonical columns.
+
+Point a loader at your own download; the matching ``conf/data/<name>.yaml`` maps the output
+columns one to one (the ``columns:`` mapping is the identity).
+
+==============================  ============================  ====================================
+format: file                    function                      output columns
+==============================  ============================  ====================================
+Taobao: UserBehavior.csv        read_taobao                   user_id, item_id, category,
+                                                              event_type, timestamp (s)
+S3-Rec: <Name>.txt              read_s3rec                    user_id, item_id (file order)
+S3-Rec: *_item2attributes.json  read_s3rec_attributes         item_id, attributes
+MovieLens: ratings.dat          read_movielens_ratings        user_id, item_id, rating,
+                                                              timestamp (s)
+MovieLens: movies.dat           read_movielens_movies         item_id, attributes (genres)
+SASRec: ml-1m.txt               read_sasrec                   user_id, item_id (file order)
+SASRec ML-1M Parquet copy       read_movielens_sasrec_copy    user_id, item_id (user, position)
+RetailRocket: events.csv        read_retailrocket             user_id, item_id, event_type,
+                                                              timestamp (ms), transaction_id
+RetailRocket: item_properties*  read_retailrocket_categories  item_id, category (latest)
+==============================  ============================  ====================================
+
+Ids, ``category`` of Taobao, timestamps and ``transaction_id`` are Int64; ``rating`` is Float64;
+``event_type`` is the raw event name (str), mapped by ``data.behavior_aliases``; ``attributes``
+is list[str]; the RetailRocket ``category`` is str. Order-only formats have no ``timestamp``
+column: the pipeline reads them by input order.
+
+Contract shared by every loader:
+
+* ``path`` is a ``str`` or ``os.PathLike``; plain and gzip-compressed files are both read (gzip is
+  recognised by its magic bytes, whatever the suffix). Plain text files are scanned lazily and
+  stream; a gzip file is decompressed into memory first (eagerly) and then scanned lazily from
+  there, so decompress a very large file before reading it.
+* Structural problems raise :class:`~recsys.data.io.DataError` naming the file, the problem and
+  the fix: a missing or empty file, a Parquet / zip / binary file where text is expected, a first
+  record with the wrong number of fields or a header where the format has none, a wrong header.
+* Rows are never dropped or repaired silently. A malformed row comes through as a row with nulls
+  (an id or timestamp that is not an integer, a missing field; surplus fields stay in the last
+  field, which then fails to parse), so the pipeline's bad-row policy (``data.bad_rows``) stops
+  or quarantines it. Only blank lines are skipped: they hold no record.
+* A text file whose last line has no line end was most likely cut mid-row (a truncated download,
+  ``head -c``): that line's last field may be incomplete, so it is read as null (a missing field is
+  null anyway) and a warning names the file and the line. If the file is in fact complete, append
+  a line end (``echo >> FILE``) to read that value.
+
+Example::
+
+    >>> lf = read_taobao("UserBehavior.csv")          # doctest: +SKIP
+    >>> lf.collect_schema().names()                    # doctest: +SKIP
+    ['user_id', 'item_id', 'category', 'event_type', 'timestamp']
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from recsys.data.io import DataError
+from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, USER
+
+log = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike
+
+ATTRIBUTES = "attributes"
+RATING = "rating"
+TRANSACTION_ID = "transaction_id"
+
+__all__ = [
+    "read_movielens_movies",
+    "read_movielens_ratings",
+    "read_movielens_sasrec_copy",
+    "read_retailrocket",
+    "read_retailrocket_categories",
+    "read_s3rec",
+    "read_s3rec_attributes",
+    "read_sasrec",
+    "read_taobao",
+]
+
+_LINE = "_line"  # 0-based line number in the file
+_TEXT = "_text"  # the line's text, stripped
+_FILE = "_file"
+_STRIP = " \t\r\n\ufeff"  # whitespace, CR of CRLF files and a UTF-8 byte-order mark
+_GZIP_MAGIC = b"\x1f\x8b"
+_NOT_TEXT = {
+    b"PAR1": "a Parquet file",
+    b"PK\x03\x04": "a zip archive (unzip it and point at the file inside)",
+    b"BZh": "a bzip2 file (decompress it first: bunzip2)",
+    b"\xfd7zXZ\x00": "an xz file (decompress it first: unxz)",
+    b"\x28\xb5\x2f\xfd": "a zstd file (decompress it first: unzstd)",
+}
+_HEAD_BYTES = 1 << 16
+_CHUNK_BYTES = 1 << 24
+
+
+# ---------------------------------------------------------------------------------------------
+# Text files: one LazyFrame row per non-blank line
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A text file opened for scanning: its bytes in memory (gzip, re-encoded) or its path."""
+
+    path: Path
+    what: str
+    data: bytes | None  # decompressed / UTF-8 re-encoded content; None: scan ``path`` itself
+    first: str  # the first non-blank line (the header, for formats that have one)
+    first_idx: int  # its line number (0-based)
+    cut: tuple[int, str] | None  # (line number, text) of a last line without a line end
+
+    @property
+    def scan_source(self) -> bytes | Path:
+        return self.data if self.data is not None else self.path
+
+
+def _existing_file(path: PathLike, what: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise DataError(f"{what}: expected a file path (str or os.PathLike), got {path!r}")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"{p} does not exist: point the path at your {what} file")
+    if p.is_dir():
+        raise DataError(f"{p} is a folder: point the path at the {what} file inside it")
+    if p.stat().st_size == 0:
+        raise DataError(f"{p} is empty (0 bytes): download the {what} file again")
+    return p
+
+
+def _reject_non_text(path: Path, head: bytes, what: str, inside_gzip: bool = False) -> None:
+    where = " (inside the gzip)" if inside_gzip else ""
+    for magic, kind in _NOT_TEXT.items():
+        if head.startswith(magic):
+            raise DataError(f"{path} is {kind}{where}, not the {what} text file")
+    if b"\x00" in head:
+        raise DataError(f"{path} is a binary file{where}, not the {what} text file")
+
+
+def _last_line_info(path: Path, data: bytes | None) -> tuple[int, bytes] | None:
+    """``(line number, bytes)`` of the last line when the file does not end with a line end."""
+    if data is not None:
+        if data.endswith(b"\n"):
+            return None
+        return data.count(b"\n"), data[data.rfind(b"\n") + 1 :]
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return None
+        f.seek(0)
+        count, offset, last_nl = 0, 0, -1
+        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
+            n = chunk.count(b"\n")
+            if n:
+                count += n
+                last_nl = offset + chunk.rfind(b"\n")
+            offset += len(chunk)
+        f.seek(last_nl + 1)
+        return count, f.read()
+
+
+def _read_source(path: PathLike, what: str, *, encoding: str = "utf-8") -> _Source:
+    """Check that ``path`` is a text file (plain or gzip); find its first line and cut last line."""
+    p = _existing_file(path, what)
+    with open(p, "rb") as f:
+        magic = f.read(8)
+    data: bytes | None = None
+    if magic.startswith(_GZIP_MAGIC):
+        try:
+            data = gzip.decompress(p.read_bytes())
+        except (OSError, EOFError, zlib.error) as err:
+            raise DataError(
+                f"{p} is a damaged or truncated gzip file ({err}): download it again"
+            ) from err
+        if not data:
+            raise DataError(f"{p} decompresses to nothing: download the {what} file again")
+        log.info("%s: gzip file decompressed into memory (%d bytes)", p, len(data))
+        head = data[:_HEAD_BYTES]
+        _reject_non_text(p, head, what, inside_gzip=True)
+    else:
+        with open(p, "rb") as f:
+            head = f.read(_HEAD_BYTES)
+        _reject_non_text(p, head, what)
+
+    head_lines = head.split(b"\n")
+    first_idx = next(
+        (i for i, line in enumerate(head_lines) if line.decode(encoding, "replace").strip(_STRIP)),
+        None,
+    )
+    if first_idx is None:
+        if len(head) < _HEAD_BYTES:
+            raise DataError(f"{p} holds only blank lines: download the {what} file again")
+        raise DataError(f"{p} starts with {_HEAD_BYTES} bytes of blank lines: is it {what}?")
+    first = head_lines[first_idx].decode(encoding, "replace").strip(_STRIP)
+
+    cut = None
+    last = _last_line_info(p, data)
+    if last is not None and last[1].decode(encoding, "replace").strip(_STRIP):
+        line_no, raw = last
+        text = raw.decode(encoding, "replace").strip(_STRIP)
+        fix = f"echo >> {p}" if data is None else "decompress it, then echo >> FILE"
+        log.warning(
+            "%s: the last line (line %d: %r) has no line end, so it was probably cut mid-row; "
+            "its last field is read as null (if the file is complete, append a line end: %s)",
+            p,
+            line_no + 1,
+            text[-80:],
+            fix,
+        )
+        cut = (line_no, text)
+    if encoding.replace("-", "").lower() not in ("utf8", "ascii"):
+        data = (data if data is not None else p.read_bytes()).decode(encoding).encode("utf-8")
+        log.debug("%s: read into memory to decode it from %s", p, encoding)
+    return _Source(path=p, what=what, data=data, first=first, first_idx=first_idx, cut=cut)
+
+
+def _scan_lines(src: _Source, sep: str, *, header: bool = False) -> pl.LazyFrame:
+    """One row per non-blank line: ``_line`` (line number) and ``_text`` (stripped).
+
+    ``sep`` is the field separator: the last field of a cut last line is emptied (read as null).
+    ``header``: the first non-blank line is a header and is left out.
+    """
+    lf = (
+        pl.scan_csv(
+            src.scan_source,
+            has_header=False,
+            separator="\x00",  # no field splitting: one string per line (binary files rejected)
+            quote_char=None,
+            schema={_TEXT: pl.String},
+            empty_string_is_null=False,
+            encoding="utf8-lossy",
+        )
+        .with_row_index(_LINE)
+        .with_columns(pl.col(_TEXT).str.strip_chars(_STRIP))
+        .filter(pl.col(_TEXT) != "")
+    )
+    if header:
+        lf = lf.filter(pl.col(_LINE) > src.first_idx)
+    if src.cut is not None:
+        line_no, text = src.cut
+        kept = text[: text.rfind(sep) + len(sep)] if sep in text else ""
+        lf = lf.with_columns(
+            pl.when(pl.col(_LINE) == line_no)
+            .then(pl.lit(kept))
+            .otherwise(pl.col(_TEXT))
+            .alias(_TEXT)
+        )
+    return lf
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _shown(line: str) -> str:
+    return repr(line if len(line) <= 120 else line[:117] + "...")
+
+
+def _check_first_record(src: _Source, sep: str, n_fields: int, int_fields: tuple[int, ...]) -> None:
+    """A headerless file's first record must have ``n_fields`` fields, integers where stated."""
+    fields = src.first.split(sep)
+    if len(fields) != n_fields:
+        raise DataError(
+            f"{src.path}: the first line {_shown(src.first)} has {len(fields)} field(s) "
+            f"separated by {sep!r}, but {src.what} has {n_fields}; is this the right file "
+            "and loader?"
+        )
+    bad = [i for i in int_fields if not _is_int(fields[i])]
+    if bad:
+        raise DataError(
+            f"{src.path}: the first line {_shown(src.first)} is not a {src.what} record "
+            f"(field {bad[0] + 1} is not an integer); {src.what} has no header line: "
+            "remove it, or check the file"
+        )
+
+
+def _check_header(src: _Source, expected: str) -> None:
+    if src.first.replace(" ", "") != expected:
+        raise DataError(
+            f"{src.path}: header {_shown(src.first)} is not the {src.what} header "
+            f"{expected!r}; is this the right file and loader?"
+        )
+
+
+def _fields(sep: str, names: list[str]) -> pl.Expr:
+    """The line split into ``len(names)`` fields: surplus separators stay in the last field."""
+    return pl.col(_TEXT).str.splitn(sep, len(names)).struct.rename_fields(names).alias("_f")
+
+
+def _field(name: str) -> pl.Expr:
+    return pl.col("_f").struct.field(name)
+
+
+def _int(expr: pl.Expr) -> pl.Expr:
+    """An integer, or null when the text is empty or not an integer."""
+    return expr.cast(pl.Int64, strict=False)
+
+
+def _str(expr: pl.Expr) -> pl.Expr:
+    """The text, or null when empty."""
+    return pl.when(expr.str.len_bytes() > 0).then(expr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Event tables
+# ---------------------------------------------------------------------------------------------
+
+_TAOBAO_FIELDS = [USER, ITEM, CATEGORY, EVENT_TYPE, TIMESTAMP]
+
+
+def read_taobao(path: PathLike) -> pl.LazyFrame:
+    """Taobao UserBehavior (Tianchi dataset 649): headerless ``UserBehavior.csv``.
+
+    Each line is ``user,item,category,behaviour,timestamp``, for example
+    ``1,2268318,2520377,pv,1511544070`` (behaviour pv / cart / fav / buy; Unix seconds). Returns
+    ``user_id, item_id, category`` (Int64), ``event_type`` (the raw string;
+    ``data.behavior_aliases`` maps pv -> view, buy -> purchase) and ``timestamp`` (Int64
+    seconds), in file order. A plain file is read by polars' CSV scanner and streams (the full
+    3.5 GB file is fine); a ``.gz`` is decompressed into memory first. A line with more than five
+    fields makes polars fail at collect time ("found more fields than defined in 'Schema'"): the
+    file is not in this format.
+
+    >>> read_taobao("UserBehavior.csv").head(1).collect().row(0)   # doctest: +SKIP
+    (1, 2268318, 2520377, 'pv', 1511544070)
+    """
+    src = _read_source(path, "Taobao UserBehavior.csv")
+    _check_first_record(src, ",", 5, (0, 1, 2, 4))
+    names = _TAOBAO_FIELDS
+    # polars' CSV parser (about 2x faster than splitting lines) with every field read as text:
+    # a value that is not an integer becomes a null below instead of failing the whole scan.
+    lf = pl.scan_csv(
+        src.scan_source,
+        has_header=False,
+        schema={name: pl.String for name in names},
+        quote_char=None,
+        encoding="utf8-lossy",
+    )
+    first = pl.col(names[0])
+    blank = pl.all_horizontal(pl.col(names[1:]).is_null()) & (
+        first.is_null() | (first.str.strip_chars(_STRIP) == "")
+    )
+    if src.cut is None:
+        lf = lf.filter(~blank)
+    else:  # null the possibly cut last field of the last line (missing ones are null already)
+        line_no, text = src.cut
+        cut_from = min(text.count(","), len(names) - 1)
+        is_cut = pl.col(_LINE) == line_no
+        lf = (
+            lf.with_row_index(_LINE)
+            .filter(~blank)
+            .select(
+                pl.when(~is_cut).then(pl.col(n)).alias(n) if i >= cut_from else pl.col(n)
+                for i, n in enumerate(names)
+            )
+        )
+    return lf.select(
+        _int(pl.col(USER)),
+        _int(pl.col(ITEM)),
+        _int(pl.col(CATEGORY)),
+        _str(pl.col(EVENT_TYPE)).alias(EVENT_TYPE),
+        _int(pl.col(TIMESTAMP)),
+    )
+
+
+def read_s3rec(path: PathLike) -> pl.LazyFrame:
+    """S3-Rec Amazon ``<Name>.txt`` (Beauty, Sports_and_Outdoors, Toys_and_Games, ...).
+
+    Each line is one user's chronological sequence ``user item1 item2 ...`` (space-separated, no
+    timestamps). Returns ``user_id, item_id`` (Int64), one row per interaction, in file order (the
+    pipeline reads order-only logs by input order). A line holding only a user id gives one row
+    with a null ``item_id``; a token that is not an integer gives a null.
+
+    >>> read_s3rec("Beauty.txt").head(3).collect().rows()   # doctest: +SKIP
+    [(1, 1), (1, 2), (1, 3)]
+    """
+    src = _read_source(path, "S3-Rec <Name>.txt")
+    tokens = src.first.split(" ")
+    if len(tokens) < 2 or not all(_is_int(t) for t in tokens):
+        raise DataError(
+            f"{src.path}: the first line {_shown(src.first)} is not an S3-Rec sequence "
+            "('user item1 item2 ...', space-separated integers); is this the right file?"
+        )
+    split = pl.col(_TEXT).str.split(" ")
+    items = split.list.slice(1)
+    return (
+        _scan_lines(src, " ")
+        .select(
+            _int(split.list.first()).alias(USER),
+            # an empty list would vanish in explode: keep the line as one row with a null item
+            pl.when(items.list.len() > 0)
+            .then(items)
+            .otherwise(pl.concat_list(pl.lit(None, dtype=pl.String)))
+            .alias(ITEM),
+        )
+        .explode(ITEM)
+        .with_columns(_int(pl.col(ITEM)))
+    )
+
+
+def read_sasrec(path: PathLike) -> pl.LazyFrame:
+    """SASRec's preprocessed ``ml-1m.txt`` (also its Beauty / Steam files): ``user item`` per line.
+
+    One interaction per line, space-separated, chronological per user; ids are SASRec's remapped
+    ones (so MovieLens ``movies.dat`` does not join). Returns ``user_id, item_id`` (Int64) in file
+    order.
+
+    >>> read_sasrec("ml-1m.txt").head(2).collect().rows()   # doctest: +SKIP
+    [(1, 1), (1, 2)]
+    """
+    src = _read_source(path, "SASRec ml-1m.txt")
+    _check_first_record(src, " ", 2, (0, 1))
+    return (
+        _scan_lines(src, " ")
+        .select(_fields(" ", [USER, ITEM]))
+        .select(_int(_field(USER)).alias(USER), _int(_field(ITEM)).alias(ITEM))
+    )
+
+
+def read_movielens_ratings(path: PathLike) -> pl.LazyFrame:
+    """MovieLens ``ratings.dat`` (ML-1M, ML-10M): ``UserID::MovieID::Rating::Timestamp``.
+
+    Returns ``user_id, item_id`` (Int64), ``rating`` (Float64: ML-10M has half stars) and
+    ``timestamp`` (Int64, Unix seconds), in file order.
+
+    >>> read_movielens_ratings("ratings.dat").head(1).collect().row(0)   # doctest: +SKIP
+    (1, 1193, 5.0, 978300760)
+    """
+    src = _read_source(path, "MovieLens ratings.dat")
+    _check_first_record(src, "::", 4, (0, 1, 3))
+    names = [USER, ITEM, RATING, TIMESTAMP]
+    return (
+        _scan_lines(src, "::")
+        .select(_fields("::", names))
+        .select(
+            _int(_field(USER)).alias(USER),
+            _int(_field(ITEM)).alias(ITEM),
+            _field(RATING).cast(pl.Float64, strict=False).alias(RATING),
+            _int(_field(TIMESTAMP)).alias(TIMESTAMP),
+        )
+    )
+
+
+_SASREC_COPY_COLUMNS = ("user_sas", "position", "movie_id")
+
+
+def read_movielens_sasrec_copy(path: PathLike) -> pl.LazyFrame:
+    """The shared SASRec-ordered MovieLens-1M copy ``sasrec_ml1m_interactions.parquet``.
+
+    Returns ``user_id`` (= ``user_sas``, SASRec's user id) and ``item_id`` (= ``movie_id``, the
+    original MovieID, so ``movies.dat`` genres join), both Int64, sorted by ``user_sas``,
+    ``position`` (SASRec's chronological order; no timestamps). See that folder's PROVENANCE.md:
+    for most users the second-to-last item is missing.
+
+    >>> read_movielens_sasrec_copy("sasrec_ml1m_interactions.parquet").head(1).collect().row(0)
+    ... # doctest: +SKIP
+    (1, 1198)
+    """
+    what = "SASRec MovieLens-1M Parquet copy"
+    p = _existing_file(path, what)
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != b"PAR1":
+        raise DataError(f"{p} is not a Parquet file: point the path at the {what}")
+    try:
+        lf = pl.scan_parquet(p)
+        names = lf.collect_schema().names()
+    except Exception as err:  # polars raises several error types for corrupt files
+        raise DataError(f"{p} is not a readable Parquet file: {err}") from err
+    missing = [c for c in _SASREC_COPY_COLUMNS if c not in names]
+    if missing:
+        raise DataError(
+            f"{p} lacks column(s) {missing} of the {what} (its columns are {names}); "
+            "is this sasrec_ml1m_interactions.parquet?"
+        )
+    return lf.sort("user_sas", "position", maintain_order=True).select(
+        pl.col("user_sas").cast(pl.Int64).alias(USER),
+        pl.col("movie_id").cast(pl.Int64).alias(ITEM),
+    )
+
+
+_RETAILROCKET_EVENTS_HEADER = "timestamp,visitorid,event,itemid,transactionid"
+
+
+def read_retailrocket(path: PathLike) -> pl.LazyFrame:
+    """RetailRocket ``events.csv``: header ``timestamp,visitorid,event,itemid,transactionid``.
+
+    Returns ``user_id`` (visitorid), ``item_id`` (Int64), ``event_type`` (the raw string: view /
+    addtocart / transaction), ``timestamp`` (Int64, Unix **milliseconds**: set
+    ``data.timestamp_unit=ms``) and ``transaction_id`` (Int64, null except on transactions), in
+    file order.
+
+    >>> read_retailrocket("events.csv").head(1).collect().row(0)   # doctest: +SKIP
+    (257597, 355908, 'view', 1433221332117, None)
+    """
+    src = _read_source(path, "RetailRocket events.csv")
+    _check_header(src, _RETAILROCKET_EVENTS_HEADER)
+    names = _RETAILROCKET_EVENTS_HEADER.split(",")
+    return (
+        _scan_lines(src, ",", header=True)
+        .select(_fields(",", names))
+        .select(
+            _int(_field("visitorid")).alias(USER),
+            _int(_field("itemid")).alias(ITEM),
+            _str(_field("event")).alias(EVENT_TYPE),
+            _int(_field("timestamp")).alias(TIMESTAMP),
+            _int(_field("transactionid")).alias(TRANSACTION_ID),
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Item side tables
+# ---------------------------------------------------------------------------------------------
+
+
+def read_s3rec_attributes(path: PathLike) -> pl.LazyFrame:
+    """S3-Rec ``<Name>_item2attributes.json``: ``{"<item id>": [attribute ids...], ...}``.
+
+    Returns ``item_id`` (Int64, as :func:`read_s3rec`) and ``attributes`` (list[str], the
+    attribute ids as strings), in file order. A key that is not an integer gives a null
+    ``item_id``; a value that is not a list of ids gives null ``attributes``; a repeated key
+    gives two rows. The (small) file is read eagerly, then ``.lazy()``.
+
+    >>> read_s3rec_attributes("Beauty_item2attributes.json").head(1).collect().row(0)
+    ... # doctest: +SKIP
+    (4, ['1', '2', '3'])
+    """
+    what = "S3-Rec <Name>_item2attributes.json"
+    p = _existing_file(path, what)
+    raw = p.read_bytes()
+    if raw.startswith(_GZIP_MAGIC):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as err:
+            raise DataError(
+                f"{p} is a damaged or truncated gzip file ({err}): download it again"
+            ) from err
+    _reject_non_text(p, raw[:_HEAD_BYTES], what)
+    try:
+        # pairs, not a dict: a repeated key must not silently replace the earlier one
+        pairs = json.loads(raw.decode("utf-8-sig"), object_pairs_hook=lambda kv: kv)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{p} is not valid JSON ({err}): download the {what} file again") from err
+    if not isinstance(pairs, list) or not all(isinstance(kv, tuple) for kv in pairs):
+        raise DataError(
+            f'{p}: expected a JSON object {{"<item id>": [attribute ids], ...}}, '
+            f"got {type(pairs).__name__}; is this the right file?"
+        )
+
+    def attrs(value: object) -> list[str] | None:
+        ok = isinstance(value, list) and all(
+            isinstance(a, (int, str)) and not isinstance(a, bool) for a in value
+        )
+        return [str(a) for a in value] if ok else None
+
+    frame = pl.DataFrame(
+        {"_key": [k for k, _ in pairs], ATTRIBUTES: [attrs(v) for _, v in pairs]},
+        schema={"_key": pl.String, ATTRIBUTES: pl.List(pl.String)},
+    )
+    return frame.lazy().select(_int(pl.col("_key").str.strip_chars()).alias(ITEM), ATTRIBUTES)
+
+
+def read_movielens_movies(path: PathLike) -> pl.LazyFrame:
+    """MovieLens ``movies.dat``: ``MovieID::Title::Genres`` (pipe-separated genres, latin-1).
+
+    Returns ``item_id`` (Int64) and ``attributes`` (list[str]: the genres), in file order. The id
+    is the text before the first ``::`` and the genres the text after the last one, so a title
+    holding ``:`` (even at its end) or ``::`` is harmless. The file is read into memory to decode
+    it from ISO-8859-1, then scanned lazily.
+
+    >>> read_movielens_movies("movies.dat").head(1).collect().row(0)   # doctest: +SKIP
+    (1, ['Animation', "Children's", 'Comedy'])
+    """
+    src = _read_source(path, "MovieLens movies.dat", encoding="latin-1")
+    if src.first.count("::") < 2 or not _is_int(src.first.split("::", 1)[0]):
+        raise DataError(
+            f"{src.path}: the first line {_shown(src.first)} is not a {src.what} record "
+            "('MovieID::Title::Genres'); is this the right file?"
+        )
+    genres = pl.col(_TEXT).str.extract(r"^.*?::.*::(.*)$", 1)
+    return _scan_lines(src, "::").select(
+        _int(pl.col(_TEXT).str.extract(r"^(.*?)::", 1)).alias(ITEM),
+        _str(genres).str.split("|").alias(ATTRIBUTES),
+    )
+
+
+_RETAILROCKET_PROPERTIES_HEADER = "timestamp,itemid,property,value"
+
+
+def read_retailrocket_categories(*paths: PathLike) -> pl.LazyFrame:
+    """RetailRocket item categories from ``item_properties_part1.csv``, ``..._part2.csv``.
+
+    Each file has the header ``timestamp,itemid,property,value``; rows whose ``property`` is
+    ``categoryid`` give an item's category. Categories change over time: the value with the
+    **latest timestamp** wins (a tie goes to the row that comes later, in the order the files are
+    given; a null timestamp counts as the oldest). Returns ``item_id`` (Int64) and ``category``
+    (str), one row per item, sorted by ``item_id``; an unparseable item id is kept as a null
+    ``item_id`` row.
+
+    >>> read_retailrocket_categories("item_properties_part1.csv", "item_properties_part2.csv")
+    ... # doctest: +SKIP
+    """
+    if not paths:
+        raise DataError(
+            "read_retailrocket_categories needs at least one item_properties_*.csv path"
+        )
+    names = _RETAILROCKET_PROPERTIES_HEADER.split(",")
+    frames = []
+    for i, path in enumerate(paths):
+        src = _read_source(path, "RetailRocket item_properties_*.csv")
+        _check_header(src, _RETAILROCKET_PROPERTIES_HEADER)
+        frames.append(
+            _scan_lines(src, ",", header=True)
+            .select(pl.lit(i, dtype=pl.Int64).alias(_FILE), _LINE, _fields(",", names))
+            .filter(_field("property") == "categoryid")
+            .select(
+                _FILE,
+                _LINE,
+                _int(_field("itemid")).alias(ITEM),
+                _str(_field("value")).alias(CATEGORY),
+                _int(_field("timestamp")).alias(TIMESTAMP),
+            )
+        )
+    return (
+        pl.concat(frames, how="vertical")
+        .group_by(ITEM)
+        .agg(pl.col(CATEGORY).sort_by(TIMESTAMP, _FILE, _LINE, nulls_last=False).last())
+        .sort(ITEM, nulls_last=False)
+    )
