@@ -32,6 +32,28 @@ def describe_source(source: EventSource) -> str:
     return f"<in-memory {type(source).__module__.split('.')[0]} frame>"
 
 
+def _warn_on_mixed_types(folder: Path, files: list[Path], frames: list[pl.LazyFrame]) -> None:
+    """Files of one folder may type a column differently (a CSV whose ids are all digits next
+    to one with letters): they are read as their common supertype, and the user is told."""
+    seen: dict[str, dict[str, str]] = {}
+    for file, frame in zip(files, frames):
+        try:
+            schema = frame.collect_schema()
+        except pl.exceptions.PolarsError:
+            continue  # reported with a clear message when the log is read
+        for column, dtype in schema.items():
+            seen.setdefault(column, {}).setdefault(str(dtype), file.name)
+    for column, types in seen.items():
+        if len(types) > 1:
+            log.warning(
+                "%s: column %r has different types across files %s; reading it as their "
+                "common type (ids become text when any file has text ids)",
+                folder,
+                column,
+                types,
+            )
+
+
 def _scan_file(path: Path) -> pl.LazyFrame:
     if not path.exists():
         raise DataError(f"event log {path} does not exist: check data.source.path")
@@ -45,7 +67,9 @@ def _scan_file(path: Path) -> pl.LazyFrame:
         suffixes = {p.suffix.lower().replace(".pq", ".parquet") for p in files}
         if len(suffixes) > 1:
             raise DataError(f"folder {path} mixes file types {sorted(suffixes)}: keep one type")
-        return pl.concat([_scan_file(p) for p in files], how="vertical_relaxed")
+        frames = [_scan_file(p) for p in files]
+        _warn_on_mixed_types(path, files, frames)
+        return pl.concat(frames, how="vertical_relaxed")
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
         raise DataError(

@@ -141,13 +141,20 @@ def parse_instant(value: str | datetime | None, *, option: str) -> datetime | No
 
 def _timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
     col = pl.col(TIMESTAMP)
+    scale = {"s": 1_000_000, "ms": 1_000}[unit]
     if dtype == pl.String:
-        # A trailing "Z" is UTC; chrono's %z wants an explicit offset.
-        text = col.str.strip_chars().str.replace(r"[zZ]$", "+00:00")
+        # Text holds either numbers (a CSV column where one bad value made everything text)
+        # read in `unit`, or ISO 8601; a trailing "Z" is UTC (chrono's %z wants an offset).
+        text = col.str.strip_chars()
+        number = text.cast(pl.Float64, strict=False)
+        iso = text.str.replace(r"[zZ]$", "+00:00")
         return pl.coalesce(
             [
-                text.str.to_datetime(fmt, strict=False, time_unit="us", time_zone="UTC")
-                for fmt in _ISO_FORMATS
+                (number * scale).cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE),
+                *(
+                    iso.str.to_datetime(fmt, strict=False, time_unit="us", time_zone="UTC")
+                    for fmt in _ISO_FORMATS
+                ),
             ]
         )
     if isinstance(dtype, pl.Datetime):
@@ -157,7 +164,6 @@ def _timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
     if dtype == pl.Date:
         return col.cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
     if dtype.is_numeric():
-        scale = {"s": 1_000_000, "ms": 1_000}[unit]
         return (col.cast(pl.Float64) * scale).cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE)
     if dtype == pl.Null:
         return pl.lit(None, dtype=TIMESTAMP_DTYPE)
