@@ -305,7 +305,7 @@ def _prepare(
     def clean(index: int) -> None:
         files = sorted((parts.stage("typed") / f"{_PART}={index}").glob("*.parquet"))
         df = pl.read_parquet(files) if files else typed_all.head(0).collect()
-        digest[0] += np.sum(df[_HASH].to_numpy(), dtype=np.uint64)  # wraps mod 2**64
+        np.add(digest, np.sum(df[_HASH].to_numpy(), dtype=np.uint64), out=digest)  # wraps
         df = (
             df.drop(_HASH)
             .lazy()
@@ -586,12 +586,13 @@ def _fingerprint(
     schema: EventSchema,
 ) -> str:
     """sha256 of the input's content (every row with its input position) and of every setting
-    that shapes the data. Row hashes come from polars (recorded as ``polars_version``)."""
+    that shapes the data (not ``partition_rows``, which only lays out the work). Row hashes
+    come from polars (recorded as ``polars_version``)."""
     payload = [
         rows,
         rows_digest,
         items_digest,
-        {**settings.to_dict(), "as_of": settings.as_of and settings.as_of.isoformat()},
+        {k: v for k, v in settings.to_dict().items() if k != "partition_rows"},  # work layout
         schema.to_dict(),
     ]
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,110 @@
+"""The notebook API: ``recsys.data.prepare`` takes pandas or polars (eager or lazy) and paths,
+returns a :class:`PreparedDataset` that hands back polars or pandas."""
+
+from __future__ import annotations
+
+import pandas as pd
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+import recsys.data as rd
+from recsys.data.synthetic import generate_events
+
+OPTIONS = {"columns": {"category": "category"}, "split": {"method": "leave_one_out"}}
+
+
+@pytest.fixture(scope="module")
+def log() -> pl.DataFrame:
+    return generate_events(num_users=60, num_items=50, num_categories=5, seed=4)
+
+
+def test_pandas_polars_lazy_and_path_give_the_same_dataset(log, tmp_path):
+    path = tmp_path / "log.parquet"
+    log.write_parquet(path)
+    results = {
+        name: rd.prepare(source, tmp_path / name, **OPTIONS)
+        for name, source in {
+            "polars": log,
+            "lazy": log.lazy(),
+            "pandas": log.to_pandas(),
+            "path": path,
+        }.items()
+    }
+    reference = results["polars"]
+    for name, ds in results.items():
+        assert_frame_equal(ds.sequences(), reference.sequences(), check_exact=True)
+        assert ds.stats["fingerprint"] == reference.stats["fingerprint"], name
+
+
+def test_outputs_in_both_backends(log, tmp_path):
+    ds = rd.prepare(log.to_pandas(), tmp_path / "p", **OPTIONS)
+    sequences = ds.sequences(backend="pandas")
+    assert isinstance(sequences, pd.DataFrame) and len(sequences) == ds.stats["users"]
+    events = ds.events(backend="pandas")
+    assert isinstance(events, pd.DataFrame) and len(events) == ds.stats["events"]
+    assert set(events["window"]) == {"train", "val", "test"}
+    test = ds.events(window="test")
+    assert test.height == ds.stats["users"]  # leave-one-out: one test event per user
+    assert test["is_target"].sum() == ds.stats["test_targets"]
+    assert isinstance(ds.quarantine(backend="pandas"), pd.DataFrame)
+    with pytest.raises(ValueError, match="backend='arrow'"):
+        ds.sequences(backend="arrow")
+    with pytest.raises(ValueError, match="window='later'"):
+        ds.events(window="later")
+    again = rd.PreparedDataset.load(tmp_path / "p")
+    assert again.stats == ds.stats
+
+
+def test_events_round_trip_to_the_input(log, tmp_path):
+    """The long view gives back the input events (raw ids, behaviours, seconds) in order."""
+    ds = rd.prepare(log, tmp_path / "p", **OPTIONS)
+    events = ds.events().select("user_id", "item_id", "event_type", "timestamp")
+    expected = (
+        log.with_row_index("_r")
+        .sort("user_id", "timestamp", "_r")
+        .select(
+            "user_id",
+            "item_id",
+            "event_type",
+            pl.col("timestamp").dt.truncate("1s"),
+        )
+    )
+    known = events["item_id"].is_not_null()
+    assert_frame_equal(
+        events.filter(known).sort("user_id", maintain_order=True),
+        expected.filter(known).sort("user_id", maintain_order=True),
+    )
+
+
+def test_item_table_with_attribute_sets(tmp_path):
+    events = pl.DataFrame(
+        {
+            "user": [1] * 4 + [2] * 4 + [3] * 4,
+            "item": [10, 11, 12, 10, 11, 12, 10, 11, 12, 10, 11, 12],
+        }
+    )
+    items = pd.DataFrame({"item": [10, 11, 12], "tags": ["a|b", "b", "c|a|b"]})
+    ds = rd.prepare(
+        events,
+        tmp_path / "p",
+        items=items,
+        columns={"user_id": "user", "item_id": "item", "timestamp": None, "event_type": None},
+        item_columns={"item_id": "item", "attributes": "tags"},
+        attribute_separator="|",
+        split={"method": "leave_one_out"},
+        min_user_events=3,
+    )
+    vocab = ds.vocab
+    assert ds.stats["ordered_by"] == "input order"
+    names = dict(zip(vocab.attributes["index"], vocab.attributes["attribute"]))
+    sets = {
+        item: sorted(names[i] for i in indices)
+        for item, indices in zip(vocab.items["item_id"], vocab.items["attribute_indices"])
+    }
+    assert sets == {10: ["a", "b"], 11: ["b"], 12: ["a", "b", "c"]}
+    assert vocab.attribute_width == 3
+    table = vocab.item_attribute_table()
+    assert len(table) == vocab.num_items and all(len(row) == 3 for row in table)
+    # order-only log: every user's events keep the input order
+    assert ds.events()["item_id"].to_list() == events["item"].to_list()
