@@ -168,8 +168,16 @@ class Vocab:
 
     # -- applying ---------------------------------------------------------------------------
     def encode(self, lf: pl.LazyFrame, *, behavior_column: str) -> pl.LazyFrame:
-        """Add ``item_index`` (UNK for items outside the vocabulary) and ``behavior_index``."""
+        """Add ``item_index`` (UNK for items outside the vocabulary) and ``behavior_index``.
+
+        Item ids of another type than the vocabulary's are cast to it first (``"42"`` finds
+        item 42; ``"abc"`` in an integer vocabulary is UNK)."""
         item_map = self.items.lazy().select(ITEM, pl.col(INDEX).alias(ITEM_INDEX))
+        vocab_dtype, log_dtype = self.items.schema[ITEM], lf.collect_schema()[ITEM]
+        if log_dtype != vocab_dtype:
+            # An id that cannot be cast (text in an integer vocabulary) cannot be known: UNK.
+            log.info("item ids are %s, the vocabulary's %s: casting", log_dtype, vocab_dtype)
+            lf = lf.with_columns(pl.col(ITEM).cast(vocab_dtype, strict=False))
         behavior_map = {b: NUM_RESERVED + i for i, b in enumerate(self.behaviors)}
         return lf.join(item_map, on=ITEM, how="left", maintain_order="left").with_columns(
             pl.col(ITEM_INDEX).fill_null(UNK_IDX).cast(pl.Int32),

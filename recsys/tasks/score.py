@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from recsys.config import event_schema
+from recsys.config import event_schema, prepare_settings
 from recsys.data.dataset import SequenceStore
 from recsys.data.io import DataError
 from recsys.data.pipeline import load_events, scoring_sequences
@@ -46,11 +46,13 @@ def run(
         raise DataError(
             f"the model was trained on behaviours {list(model.schema.behaviors)} but "
             f"data.behaviors is {list(schema.behaviors)}: map the log's event types onto "
-            "the model's "
-            "(data.behavior_aliases)"
+            "the model's (data.behavior_aliases)"
         )
     started = time.perf_counter()
-    events = load_events(event_source(cfg), schema)
+    settings = prepare_settings(cfg.data)
+    events = load_events(
+        event_source(cfg), schema, bad_rows=settings.bad_rows, as_of=settings.as_of
+    )
     as_of = parse_as_of(retrieval.as_of)
     store = SequenceStore.from_frame(scoring_sequences(events, vocab=model.vocab, as_of=as_of))
     frame = recommend(
