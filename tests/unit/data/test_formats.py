@@ -1,0 +1,510 @@
+"""Tests for recsys.data.formats: loaders for public dataset formats.
+
+Where a real copy of a format is staged in ``../shared/data`` the loader is checked against the
+counts in that folder's PROVENANCE.md and against the staged Parquet conversions (skipped with a
+reason where the folder is absent). Formats with no staged file (MovieLens ratings.dat,
+RetailRocket) are written by hand into ``tmp_path`` in exactly the public format.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import SHARED_DATA
+from hydra.utils import instantiate
+from polars.testing import assert_frame_equal
+
+from recsys.data.formats import (
+    read_movielens_movies,
+    read_movielens_ratings,
+    read_movielens_sasrec_copy,
+    read_retailrocket,
+    read_retailrocket_categories,
+    read_s3rec,
+    read_s3rec_attributes,
+    read_sasrec,
+    read_taobao,
+)
+from recsys.data.io import DataError
+
+I64 = pl.Int64
+STR = pl.String
+TAOBAO_SCHEMA = {
+    "user_id": I64,
+    "item_id": I64,
+    "category": I64,
+    "event_type": STR,
+    "timestamp": I64,
+}
+PAIR_SCHEMA = {"user_id": I64, "item_id": I64}
+ITEM_ATTRIBUTES_SCHEMA = {"item_id": I64, "attributes": pl.List(STR)}
+
+
+def shared(relative: str) -> Path:
+    """A file under ../shared/data, or skip the test when it is not there."""
+    path = SHARED_DATA / relative
+    if not path.is_file():
+        pytest.skip(f"real dataset file {path} is absent (../shared/data is not checked out here)")
+    return path
+
+
+def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
+    data = text.encode(encoding)
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+def frame(rows: list[tuple], schema: dict) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+# ---------------------------------------------------------------------------------------------
+# Real files in ../shared/data
+# ---------------------------------------------------------------------------------------------
+
+TAOBAO = "taobao-userbehavior-sample"
+
+
+@pytest.mark.parametrize(
+    ("raw", "staged", "users", "items", "categories", "cut_row"),
+    [
+        # the prefix's last line is "100370,1968385,1875258,pv": the timestamp is missing and
+        # "pv" may itself be cut, so both are null; its item already occurs earlier
+        ("UserBehavior_prefix", "events_user_prefix", 815, 55_368, 2_914,
+         (100370, 1968385, 1875258, None, None)),
+        # the time slice's last line is "301780,543546,4181361,pv,15": the timestamp was cut to
+        # "15" (it would read as 1970-01-01); its item occurs nowhere else (75,384 + 1)
+        ("UserBehavior_timeslice", "events_time_slice", 58_732, 75_385, 3_757,
+         (301780, 543546, 4181361, "pv", None)),
+    ],
+)  # fmt: skip
+def test_taobao_raw_files_are_the_staged_rows_plus_the_cut_last_row(
+    raw, staged, users, items, categories, cut_row, caplog
+):
+    path = shared(f"{TAOBAO}/raw/{raw}.csv.gz")
+    reference = pl.read_parquet(shared(f"{TAOBAO}/{staged}.parquet"))
+    with caplog.at_level(logging.WARNING, logger="recsys.data.formats"):
+        lf = read_taobao(path)
+    assert "cut mid-row" in caplog.text and raw in caplog.text
+
+    assert isinstance(lf, pl.LazyFrame)
+    df = lf.collect()
+    assert df.schema == pl.Schema(TAOBAO_SCHEMA)
+    assert df.height == reference.height + 1  # 84,475 + 1 / 96,168 + 1
+    expected = reference.select(
+        "user_id",
+        "item_id",
+        pl.col("category_id").alias("category"),
+        pl.col("behavior").cast(pl.String).alias("event_type"),
+        "timestamp",
+    )
+    assert_frame_equal(df.head(reference.height), expected)  # every good row, in file order
+    assert df.row(-1) == cut_row
+    assert df.null_count().sum_horizontal().item() == sum(v is None for v in cut_row)
+    assert df["user_id"].n_unique() == users
+    assert df["item_id"].n_unique() == items
+    assert df["category"].n_unique() == categories
+
+
+S3REC = [
+    # name, rows, users, items, distinct attribute ids, attributes per item (min, max)
+    ("Beauty", 198_502, 22_363, 12_101, 637, (1, 6)),
+    ("Sports_and_Outdoors", 296_337, 35_598, 18_357, 2_277, (2, 37)),
+    ("Toys_and_Games", 167_597, 19_412, 11_924, 1_027, (2, 31)),
+]
+
+
+@pytest.mark.parametrize(("name", "rows", "users", "items", "n_attr", "per_item"), S3REC)
+def test_s3rec_sequences_in_file_order(name, rows, users, items, n_attr, per_item):
+    path = shared(f"amazon-s3rec/raw/{name}.txt.gz")
+    df = read_s3rec(path).collect()
+    assert df.schema == pl.Schema(PAIR_SCHEMA)
+    assert (df.height, df["user_id"].n_unique(), df["item_id"].n_unique()) == (rows, users, items)
+    # file order = each user's chronological order, as the staged conversion's `position`
+    staged = pl.read_parquet(shared(f"amazon-s3rec/{name.lower()}_interactions.parquet"))
+    expected = staged.sort("user_id", "position").select(pl.col("user_id", "item_id").cast(I64))
+    assert_frame_equal(df, expected)
+    with gzip.open(path, "rt") as f:
+        user, *items_of_user = map(int, f.readline().split())
+    assert df.head(len(items_of_user)).rows() == [(user, item) for item in items_of_user]
+
+
+@pytest.mark.parametrize(("name", "rows", "users", "items", "n_attr", "per_item"), S3REC)
+def test_s3rec_attributes(name, rows, users, items, n_attr, per_item):
+    df = read_s3rec_attributes(shared(f"amazon-s3rec/raw/{name}_item2attributes.json.gz")).collect()
+    assert df.schema == pl.Schema(ITEM_ATTRIBUTES_SCHEMA)
+    assert df.height == df["item_id"].n_unique() == items  # every item has attributes
+    assert df["attributes"].explode().n_unique() == n_attr
+    sizes = df["attributes"].list.len()
+    assert (sizes.min(), sizes.max()) == per_item
+    staged = pl.read_parquet(shared(f"amazon-s3rec/{name.lower()}_item_attributes.parquet"))
+    expected = staged.select(
+        "item_id", pl.col("attribute_ids").cast(pl.List(STR)).alias("attributes")
+    )
+    assert_frame_equal(df.sort("item_id"), expected.sort("item_id"))
+
+
+def test_s3rec_attribute_item_ids_join_the_sequences():
+    events = read_s3rec(shared("amazon-s3rec/raw/Beauty.txt.gz"))
+    attributes = read_s3rec_attributes(shared("amazon-s3rec/raw/Beauty_item2attributes.json.gz"))
+    assert events.join(attributes, on="item_id", how="anti").collect().height == 0
+
+
+def test_movielens_movies_dat():
+    df = read_movielens_movies(shared("movielens-1m/raw/movies.dat.gz")).collect()
+    assert df.schema == pl.Schema(ITEM_ATTRIBUTES_SCHEMA)
+    assert df.height == df["item_id"].n_unique() == 3_883
+    assert df["attributes"].explode().n_unique() == 18  # the 18 ML-1M genres
+    assert df.row(0) == (1, ["Animation", "Children's", "Comedy"])
+    staged = pl.read_parquet(shared("movielens-1m/movies.parquet"))
+    expected = staged.select(
+        pl.col("movie_id").alias("item_id"), pl.col("genres").str.split("|").alias("attributes")
+    )
+    assert_frame_equal(df, expected)
+
+
+def test_movielens_sasrec_copy():
+    path = shared("movielens-1m/sasrec_ml1m_interactions.parquet")
+    df = read_movielens_sasrec_copy(path).collect()
+    assert df.schema == pl.Schema(PAIR_SCHEMA)
+    assert (df.height, df["user_id"].n_unique(), df["item_id"].n_unique()) == (
+        994_083,
+        6_040,
+        3_416,
+    )
+    staged = pl.read_parquet(path).sort("user_sas", "position")
+    assert_frame_equal(
+        df,
+        staged.select(
+            pl.col("user_sas").alias("user_id"), pl.col("movie_id").alias("item_id")
+        ).cast(I64),
+    )
+    # the last event of every user is SASRec's test target
+    last = df.group_by("user_id", maintain_order=True).last()
+    targets = staged.filter(pl.col("role") == "test_target")
+    assert last["item_id"].to_list() == targets["movie_id"].cast(I64).to_list()
+    # item ids are MovieIDs: every one has genres in movies.dat
+    movies = read_movielens_movies(shared("movielens-1m/raw/movies.dat.gz"))
+    assert df.lazy().join(movies, on="item_id", how="anti").collect().height == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-written files in the public formats
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
+def test_taobao_tiny_plain_and_gzip(tmp_path, suffix):
+    path = write(
+        tmp_path / f"UserBehavior{suffix}",
+        "1,2268318,2520377,pv,1511544070\n"
+        "1,2333346,2520771,cart,1511561733\r\n"  # CRLF
+        "\n"  # a blank line: a row of nulls (this fast loader reads every line)
+        "2,x,149192,buy,1511572885\n"  # not an integer -> null
+        "2,5,6,fav,\n"  # empty field -> null
+        "3,7,8,,1511600000\n",
+    )
+    expected = frame(
+        [
+            (1, 2268318, 2520377, "pv", 1511544070),
+            (1, 2333346, 2520771, "cart", 1511561733),
+            (None, None, None, None, None),
+            (2, None, 149192, "buy", 1511572885),
+            (2, 5, 6, "fav", None),
+            (3, 7, 8, None, 1511600000),
+        ],
+        TAOBAO_SCHEMA,
+    )
+    assert_frame_equal(read_taobao(path).collect(), expected)
+    assert_frame_equal(read_taobao(str(path)).collect(), expected)  # str or PathLike
+
+
+def test_taobao_plain_file_with_a_cut_last_line(tmp_path, caplog):
+    path = write(tmp_path / "UserBehavior.csv", "1,2,3,pv,1511544070\n4,5,6,buy,15115")
+    with caplog.at_level(logging.WARNING):
+        df = read_taobao(path).collect()
+    assert df.rows() == [(1, 2, 3, "pv", 1511544070), (4, 5, 6, "buy", None)]
+    assert "line 2" in caplog.text and "echo >>" in caplog.text
+
+
+def test_s3rec_and_sasrec_tiny(tmp_path):
+    s3rec = write(tmp_path / "Beauty.txt.gz", "1 1 2 3\n2 4 x 1\n\n3\n4 9 8")  # cut last line
+    assert_frame_equal(
+        read_s3rec(s3rec).collect(),
+        frame(
+            # a non-integer item and a line without items are rows with nulls; the blank line
+            # holds no record; the cut last item ("8" may be "8…") is null
+            [(1, 1), (1, 2), (1, 3), (2, 4), (2, None), (2, 1), (3, None), (4, 9), (4, None)],
+            PAIR_SCHEMA,
+        ),
+    )
+    sasrec = write(tmp_path / "ml-1m.txt", "1 3\n1 1\n2 2\n1 2\n2 x\n")
+    assert_frame_equal(
+        read_sasrec(sasrec).collect(),
+        frame([(1, 3), (1, 1), (2, 2), (1, 2), (2, None)], PAIR_SCHEMA),  # file order kept
+    )
+
+
+def test_movielens_ratings_dat(tmp_path):
+    path = write(
+        tmp_path / "ratings.dat",
+        "1::1193::5::978300760\n"
+        "1::661::3::978302109\n"
+        "2::1357::4.5::978298709\n"  # ML-10M half stars
+        "3::12::x::978300000\n"  # bad rating -> null, the row stays
+        "4::12::3::978300000::9\n"  # surplus field: stays in the timestamp -> null
+        "5::7::2::9783",  # cut last line: the timestamp is null
+    )
+    schema = {"user_id": I64, "item_id": I64, "rating": pl.Float64, "timestamp": I64}
+    expected = frame(
+        [
+            (1, 1193, 5.0, 978300760),
+            (1, 661, 3.0, 978302109),
+            (2, 1357, 4.5, 978298709),
+            (3, 12, None, 978300000),
+            (4, 12, 3.0, None),
+            (5, 7, 2.0, None),
+        ],
+        schema,
+    )
+    assert_frame_equal(read_movielens_ratings(path).collect(), expected)
+
+
+def test_movielens_movies_latin1_and_colons_in_titles(tmp_path):
+    path = write(
+        tmp_path / "movies.dat",
+        "1::Toy Story (1995)::Animation|Children's|Comedy\n"
+        "73::Misérables, Les (1995)::Drama|Musical\n"  # latin-1 é
+        "1196::Star Wars: Episode V - The Empire Strikes Back (1980)::Action|Sci-Fi\n"
+        "9::Title ending in a colon:::Comedy\n"  # ":::" -> title "...colon:", genres Comedy
+        "10::Title with :: inside (1999)::Drama\n"
+        "11::No genres (2000)::\n",
+        encoding="latin-1",
+    )
+    expected = frame(
+        [
+            (1, ["Animation", "Children's", "Comedy"]),
+            (73, ["Drama", "Musical"]),
+            (1196, ["Action", "Sci-Fi"]),
+            (9, ["Comedy"]),
+            (10, ["Drama"]),
+            (11, None),
+        ],
+        ITEM_ATTRIBUTES_SCHEMA,
+    )
+    assert_frame_equal(read_movielens_movies(path).collect(), expected)
+
+
+def test_s3rec_attributes_tiny(tmp_path):
+    path = write(
+        tmp_path / "Beauty_item2attributes.json",
+        '{"4": [1, 2, 3], "83": [4], "x": [5], "7": "oops", "4": [9]}',
+    )
+    expected = frame(
+        # a repeated key is kept twice, not silently replaced
+        [(4, ["1", "2", "3"]), (83, ["4"]), (None, ["5"]), (7, None), (4, ["9"])],
+        ITEM_ATTRIBUTES_SCHEMA,
+    )
+    assert_frame_equal(read_s3rec_attributes(path).collect(), expected)
+
+
+EVENTS_CSV = (
+    "timestamp,visitorid,event,itemid,transactionid\n"
+    "1433221332117,257597,view,355908,\n"
+    "1433224214164,992329,addtocart,248676,\n"
+    "1433223203944,599528,transaction,356475,4000\n"
+    "1433222276276,abc,view,1,\n"
+)
+
+
+def test_retailrocket_events(tmp_path):
+    path = write(tmp_path / "events.csv", EVENTS_CSV)
+    schema = {
+        "user_id": I64,
+        "item_id": I64,
+        "event_type": STR,
+        "timestamp": I64,
+        "transaction_id": I64,
+    }
+    expected = frame(
+        [
+            (257597, 355908, "view", 1433221332117, None),
+            (992329, 248676, "addtocart", 1433224214164, None),
+            (599528, 356475, "transaction", 1433223203944, 4000),
+            (None, 1, "view", 1433222276276, None),
+        ],
+        schema,
+    )
+    assert_frame_equal(read_retailrocket(path).collect(), expected)
+
+
+PROPERTIES_HEADER = "timestamp,itemid,property,value\n"
+PROPERTIES_1 = PROPERTIES_HEADER + (
+    "1435460400000,460429,categoryid,1338\n"
+    "1441508400000,206783,888,1116713 960601 n277.200\n"
+    "1439089200000,395014,400,n552.000 639502 n720.000 424566\n"
+    "1431831600000,460429,categoryid,1277\n"
+)
+PROPERTIES_2 = PROPERTIES_HEADER + (
+    "1433041200000,395014,categoryid,491\n"
+    "1442113200000,460429,categoryid,999\n"
+    "1433041200000,395014,categoryid,492\n"
+    "1431226800000,59481,available,1\n"
+)
+
+
+def test_retailrocket_categories_latest_value_wins(tmp_path):
+    part1 = write(tmp_path / "item_properties_part1.csv", PROPERTIES_1)
+    part2 = write(tmp_path / "item_properties_part2.csv.gz", PROPERTIES_2)
+    expected = frame(
+        # 460429: 1277 -> 1338 -> 999 (latest, in part 2); 395014: two values at the same
+        # moment, the later row wins; items without a categoryid row are absent
+        [(395014, "492"), (460429, "999")],
+        {"item_id": I64, "category": STR},
+    )
+    assert_frame_equal(read_retailrocket_categories(part1, part2).collect(), expected)
+    only_part1 = read_retailrocket_categories(part1).collect()
+    assert only_part1.rows() == [(460429, "1338")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Structural problems -> DataError naming the file
+# ---------------------------------------------------------------------------------------------
+
+
+def test_missing_file_empty_file_and_folder(tmp_path):
+    missing = tmp_path / "UserBehavior.csv"
+    with pytest.raises(DataError, match=r"UserBehavior\.csv does not exist"):
+        read_taobao(missing)
+    with pytest.raises(DataError, match=r"ratings\.dat does not exist"):
+        read_movielens_ratings(tmp_path / "ratings.dat")
+    with pytest.raises(DataError, match=r"empty \(0 bytes\)"):
+        read_s3rec(write(tmp_path / "Beauty.txt", ""))
+    with pytest.raises(DataError, match="is a folder"):
+        read_sasrec(tmp_path)
+    with pytest.raises(DataError, match="only blank lines"):
+        read_sasrec(write(tmp_path / "blank.txt", "\n \n"))
+    with pytest.raises(DataError, match="at least one"):
+        read_retailrocket_categories()
+
+
+def test_wrong_file_types(tmp_path):
+    parquet = tmp_path / "events.parquet"
+    pl.DataFrame({"user_id": [1], "item_id": [2]}).write_parquet(parquet)
+    with pytest.raises(DataError, match=r"events\.parquet is a Parquet file"):
+        read_taobao(parquet)
+    zipped = tmp_path / "ml-1m.zip"
+    zipped.write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    with pytest.raises(DataError, match=r"ml-1m\.zip is a zip archive.*unzip"):
+        read_movielens_ratings(zipped)
+    broken = tmp_path / "Beauty.txt.gz"
+    broken.write_bytes(gzip.compress(b"1 2 3\n" * 100)[:-20])
+    with pytest.raises(DataError, match=r"Beauty\.txt\.gz is a damaged or truncated gzip"):
+        read_s3rec(broken)
+    text = write(tmp_path / "interactions.csv", "a,b\n1,2\n")
+    with pytest.raises(DataError, match=r"interactions\.csv is not a Parquet file"):
+        read_movielens_sasrec_copy(text)
+    with pytest.raises(DataError, match=r"events\.parquet lacks column\(s\)"):
+        read_movielens_sasrec_copy(parquet)
+    with pytest.raises(DataError, match=r"Beauty_item2attributes\.json: expected a JSON object"):
+        read_s3rec_attributes(write(tmp_path / "Beauty_item2attributes.json", "[1, 2]"))
+    with pytest.raises(DataError, match=r"broken\.json is not valid JSON"):
+        read_s3rec_attributes(write(tmp_path / "broken.json", '{"1": [1, 2'))
+
+
+def test_wrong_formats(tmp_path):
+    ratings = write(tmp_path / "ratings.dat", "1::1193::5::978300760\n")
+    with pytest.raises(DataError, match=r"ratings\.dat: the first line .* has 1 field\(s\)"):
+        read_taobao(ratings)
+    with_header = write(
+        tmp_path / "UserBehavior.csv", "user,item,category,behavior,ts\n1,2,3,pv,4\n"
+    )
+    with pytest.raises(DataError, match=r"UserBehavior\.csv: .*no header line"):
+        read_taobao(with_header)
+    taobao = write(tmp_path / "taobao.csv", "1,2,3,pv,4\n")
+    with pytest.raises(DataError, match=r"taobao\.csv: .*not an S3-Rec sequence"):
+        read_s3rec(taobao)
+    with pytest.raises(DataError, match=r"taobao\.csv: .*MovieID::Title::Genres"):
+        read_movielens_movies(taobao)
+    with pytest.raises(DataError, match=r"taobao\.csv: header .* is not the RetailRocket"):
+        read_retailrocket(taobao)
+    events = write(tmp_path / "events.csv", EVENTS_CSV)
+    with pytest.raises(DataError, match=r"events\.csv: header .* item_properties"):
+        read_retailrocket_categories(events)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hydra: every conf/data/<format>.yaml composes and its source/items instantiate
+# ---------------------------------------------------------------------------------------------
+
+
+def _tiny_files(tmp_path: Path) -> dict[str, list[str]]:
+    """Per yaml: the overrides pointing its source (and items) at tiny files."""
+    sasrec_copy = tmp_path / "sasrec_ml1m_interactions.parquet"
+    pl.DataFrame(
+        {
+            "user_sas": [2, 1, 1],
+            "user_id": [20, 10, 10],
+            "position": [0, 1, 0],
+            "item_sas": [3, 2, 1],
+            "movie_id": [1196, 73, 1],
+        }
+    ).write_parquet(sasrec_copy)
+    movies = write(
+        tmp_path / "movies.dat",
+        "1::Toy Story (1995)::Comedy\n73::Misérables, Les (1995)::Drama\n"
+        "1196::Star Wars: Episode V (1980)::Action\n",
+        encoding="latin-1",
+    )
+    part1 = write(tmp_path / "item_properties_part1.csv", PROPERTIES_1)
+    part2 = write(tmp_path / "item_properties_part2.csv", PROPERTIES_2)
+    taobao = write(tmp_path / "UserBehavior.csv", "1,2,3,pv,1511544070\n")
+    s3rec = write(tmp_path / "Beauty.txt", "1 4 83\n")
+    attributes = write(tmp_path / "Beauty_item2attributes.json", '{"4": [1], "83": [2]}')
+    ratings = write(tmp_path / "ratings.dat", "1::1::5::978300760\n")
+    events = write(tmp_path / "events.csv", EVENTS_CSV)
+    return {
+        "taobao": [f"data.source.path={taobao}"],
+        "amazon_s3rec": [f"data.source.path={s3rec}", f"data.items.path={attributes}"],
+        "movielens": [f"data.source.path={ratings}", f"data.items.path={movies}"],
+        "movielens_sasrec": [f"data.source.path={sasrec_copy}", f"data.items.path={movies}"],
+        "retailrocket": [
+            f"data.source.path={events}",
+            f"data.items._args_.0={part1}",
+            f"data.items._args_.1={part2}",
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "name", ["taobao", "amazon_s3rec", "movielens", "movielens_sasrec", "retailrocket"]
+)
+def test_yaml_composes_and_instantiates(make_config, tmp_path, name):
+    cfg = make_config("config", [f"data={name}", *_tiny_files(tmp_path)[name]])
+    data = cfg.data
+    assert data.name == name
+    events = instantiate(data.source)
+    assert isinstance(events, pl.LazyFrame)
+    mapped = [column for column in data.columns.values() if column]
+    assert set(mapped) <= set(events.collect_schema().names()), mapped
+    assert events.collect().height > 0
+    for raw in data.behavior_aliases:
+        assert data.behavior_aliases[raw] in data.behaviors
+    if data["items"] is not None:
+        items = instantiate(data["items"])
+        assert isinstance(items, pl.LazyFrame)
+        item_mapped = [column for column in data.item_columns.values() if column]
+        assert set(item_mapped) <= set(items.collect_schema().names()), item_mapped
+        assert items.collect().height > 0
+    if data.columns.timestamp is None:
+        assert data.split.method == "leave_one_out" and data.min_user_events == 3
+
+
+def test_yaml_needs_the_path(make_config):
+    cfg = make_config("config", ["data=taobao"])
+    with pytest.raises(Exception, match="path"):
+        instantiate(cfg.data.source)
