@@ -231,15 +231,17 @@ def prepare_dataset(
     out_dir: str | Path,
     items: EventSource | None = None,
     item_columns: Mapping[str, str | None] | None = None,
+    source_name: str | None = None,
 ) -> dict:
     """Prepare ``source`` into ``out_dir`` (replaced if it exists) and return its statistics.
 
     ``items`` is an optional item side table (``item_columns`` maps its ``item_id`` and
-    ``category`` / ``attributes`` columns). Raises :class:`DataError` for bad input and
+    ``category`` / ``attributes`` columns). ``source_name`` names an in-memory source in
+    messages and ``stats.json`` (e.g. the file a loader read). Raises :class:`DataError` for bad input and
     ``ValueError`` for settings that cannot work with this log; either way nothing is written.
     """
     out_dir = Path(out_dir)
-    name = describe_source(source)
+    name = source_name or describe_source(source)
     if not schema.has(TIMESTAMP) and settings.split.method == "temporal":
         raise DataError(
             f"{name}: the log has no timestamp column (data.columns.timestamp=null), so a "

@@ -26,6 +26,17 @@ def event_source(cfg: DictConfig):
     return _source(cfg.data.source, "data.source")
 
 
+def describe(value) -> str | None:
+    """A loader config's name for messages: ``read_taobao(/data/UserBehavior.csv)``."""
+    if not isinstance(value, DictConfig) or "_target_" not in value:
+        return None
+    arguments = [str(v) for v in value.get("_args_", [])]
+    arguments += [
+        str(v) if k == "path" else f"{k}={v}" for k, v in value.items() if not k.startswith("_")
+    ]
+    return f"{value._target_.rsplit('.', 1)[-1]}({', '.join(arguments)})"
+
+
 def item_source(cfg: DictConfig):
     """``data.items``: the optional item side table (None when not set)."""
     items = cfg.data.get("items")
@@ -42,6 +53,7 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
         out_dir=out_dir,
         items=item_source(cfg),
         item_columns=item_columns(cfg.data),
+        source_name=describe(cfg.data.source),
     )
     log.info("prepared dataset at %s", out_dir)
     return out_dir
