@@ -237,8 +237,9 @@ def prepare_dataset(
 
     ``items`` is an optional item side table (``item_columns`` maps its ``item_id`` and
     ``category`` / ``attributes`` columns). ``source_name`` names an in-memory source in
-    messages and ``stats.json`` (e.g. the file a loader read). Raises :class:`DataError` for bad input and
-    ``ValueError`` for settings that cannot work with this log; either way nothing is written.
+    messages and ``stats.json`` (e.g. the file a loader read). Raises :class:`DataError` for
+    bad input and ``ValueError`` for settings that cannot work with this log; either way
+    nothing is written.
     """
     out_dir = Path(out_dir)
     name = source_name or describe_source(source)
