@@ -162,9 +162,9 @@ def load_events(
     policy = bad_rows or BadRowPolicy()
     name = describe_source(source)
     lf = scan_events(source, schema).with_row_index(ROW)
+    as_of = as_of or datetime.now(UTC)
     classified = _collect(
-        lf.pipe(normalize, schema=schema).pipe(classify, as_of=as_of or datetime.now(UTC)),
-        name,
+        lf.pipe(normalize, schema=schema).pipe(classify, as_of=as_of), name
     ).lazy()
     counts = problem_summary(classified)
     enforce(counts, policy, source_name=name, examples=classified, schema=schema, as_of=as_of)
@@ -186,6 +186,7 @@ def _collect(lf: pl.LazyFrame, name: str) -> pl.DataFrame:
 @contextmanager
 def _staging(out_dir: Path) -> Iterator[Path]:
     """A temporary sibling of ``out_dir`` that replaces it on success and vanishes on failure."""
+    created = next((p for p in reversed(out_dir.parents) if not p.exists()), None)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
@@ -199,6 +200,8 @@ def _staging(out_dir: Path) -> Iterator[Path]:
             tmp.rename(out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:  # folders made for this run only: leave no trace
+            shutil.rmtree(created, ignore_errors=True)
         raise
 
 
@@ -281,13 +284,11 @@ def _prepare(
     as_of = settings.as_of or datetime.now(UTC)
 
     # 1. one streaming pass: types, problem labels, input hash -> user partitions
-    row_hash = pl.struct(pl.all()).hash(seed=0).alias(_HASH)
     typed = (
         raw.with_row_index(ROW)
-        .with_columns(row_hash)
-        .pipe(normalize, schema=schema, keep=(_HASH,))
+        .pipe(normalize, schema=schema)
         .pipe(classify, as_of=as_of)
-        .with_columns((pl.col(USER).hash(seed=1) % parts.count).alias(_PART))
+        .with_columns(_row_hash(), (pl.col(USER).hash(seed=1) % parts.count).alias(_PART))
     )
     try:
         typed.sink_parquet(
@@ -575,6 +576,22 @@ def _drop_unknown_targets(sequences: pl.DataFrame) -> tuple[pl.DataFrame, dict[s
         counts[f"{column}s_unknown_item"] = int(sequences.select(unknown.sum()).item())
         updates.append(pl.when(unknown).then(-1).otherwise(pl.col(column)).alias(column))
     return sequences.with_columns(updates), counts
+
+
+def _row_hash() -> pl.Expr:
+    """A hash of each typed row with its input position: good rows by their canonical values
+    (so the same events in a CSV, a Parquet file or a frame hash alike), bad rows also by their
+    raw timestamp and event type (which their canonical values lost)."""
+    bad = pl.col(PROBLEM).is_not_null()
+    return (
+        pl.struct(
+            pl.all().exclude(RAW_TIMESTAMP, RAW_EVENT_TYPE),
+            pl.when(bad).then(pl.col(RAW_TIMESTAMP)).alias("_t"),
+            pl.when(bad).then(pl.col(RAW_EVENT_TYPE)).alias("_e"),
+        )
+        .hash(seed=0)
+        .alias(_HASH)
+    )
 
 
 def _frame_digest(frame: pl.DataFrame) -> int:

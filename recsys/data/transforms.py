@@ -87,7 +87,9 @@ def kcore_members(
 
 def filter_members(lf: pl.LazyFrame, users: pl.DataFrame, items: pl.DataFrame) -> pl.LazyFrame:
     """Keep events whose user is in ``users`` and whose item is in ``items``."""
-    return lf.join(users.lazy(), on=USER, how="semi").join(items.lazy(), on=ITEM, how="semi")
+    return lf.join(users.lazy(), on=USER, how="semi", maintain_order="left").join(
+        items.lazy(), on=ITEM, how="semi", maintain_order="left"
+    )
 
 
 def keep_last_events(lf: pl.LazyFrame, *, max_events: int | None) -> pl.LazyFrame:
@@ -95,7 +97,7 @@ def keep_last_events(lf: pl.LazyFrame, *, max_events: int | None) -> pl.LazyFram
     if max_events is None:
         return lf
     rank = pl.int_range(pl.len()).over(USER)
-    return lf.filter(rank >= pl.len().over(USER) - max_events)
+    return lf.filter(rank >= pl.len().over(USER).cast(pl.Int64) - max_events)  # signed: no wrap
 
 
 def sessionize(

@@ -199,7 +199,7 @@ def attribute_list(
     return pl.when(cleaned.list.len() > 0).then(cleaned).otherwise(None)
 
 
-def normalize(lf: pl.LazyFrame, *, schema: EventSchema, keep: tuple[str, ...] = ()) -> pl.LazyFrame:
+def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
     """Cast a canonical-named log to canonical types (lazy; bad values become nulls here and
     are labelled by :func:`classify`).
 
@@ -207,7 +207,6 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema, keep: tuple[str, ...] = 
     as strings in ``_raw_timestamp`` / ``_raw_event_type`` so that errors and the quarantine
     file can quote the offending values. The side information ends up in ``attributes``
     (``list[str]``, from ``attributes`` or ``category``; null when the log has neither).
-    Columns named in ``keep`` pass through unchanged.
     """
     types = lf.collect_schema()
     aliases = {**{b: b for b in schema.behaviors}, **schema.behavior_aliases}
@@ -254,7 +253,7 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema, keep: tuple[str, ...] = 
     lf = lf.with_columns(columns)
     columns_out = [ROW, USER, ITEM, TIMESTAMP, EVENT_TYPE, ATTRIBUTES]
     columns_out += [SESSION] if SESSION in types else []
-    return lf.select(*columns_out, RAW_TIMESTAMP, RAW_EVENT_TYPE, *keep)
+    return lf.select(*columns_out, RAW_TIMESTAMP, RAW_EVENT_TYPE)
 
 
 def classify(lf: pl.LazyFrame, *, as_of: datetime) -> pl.LazyFrame:

@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from recsys.data.io import DataError
+from recsys.data.pipeline import load_stats
 from recsys.tasks import evaluate, main, score, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,10 @@ def test_main_job_mlflow_run(main_run):
     epochs = client.get_metric_history(run_id, "val/ndcg_at_10")
     assert len(epochs) == cfg.trainer.max_epochs  # one value per epoch
     assert run.data.tags["protocol.split"] == "temporal"
-    assert run.data.tags["data.fingerprint"]
+    stats = load_stats(Path(cfg.paths.run_dir) / "prepared")
+    assert run.data.tags["data.fingerprint"] == stats["fingerprint"]
+    for key in ("rows_read", "events", "users", "quarantined"):
+        assert run.data.tags[f"data.{key}"] == str(stats[key]), key
 
     def listing(path):
         return {f.path for f in client.list_artifacts(run_id, path)}
@@ -73,9 +77,10 @@ def test_main_job_mlflow_run(main_run):
     assert listing("config") == {"config/config_resolved.yaml"}
     assert {
         "data/items.parquet",
-        "data/categories.parquet",
+        "data/attributes.parquet",
         "data/behaviors.parquet",
         "data/stats.json",
+        "data/quarantine.parquet",
     } <= listing("data")
     assert listing("checkpoints") == {"checkpoints/best.ckpt"}
 
@@ -127,6 +132,12 @@ def test_evaluate_reproduces_test_metrics(main_run, make_config):
     assert metrics["test/ndcg_at_10"] == pytest.approx(result.metrics["test/ndcg_at_10"])
 
 
+def written(folder: Path) -> list[Path]:
+    """Files under ``folder`` (empty parent folders of the run directory do not count: see
+    tests/unit/data/test_pipeline.py::test_failed_prepare_leaves_no_parent_folders)."""
+    return sorted(p for p in folder.rglob("*") if not p.is_dir())
+
+
 def test_bad_event_log_fails_clearly_and_writes_nothing(make_config, tmp_path):
     log_file = tmp_path / "events.csv"
     log_file.write_text("user,item,ts,event\n1,10,1700000000,view\n1,11,1700000100,view\n")
@@ -141,11 +152,12 @@ def test_bad_event_log_fails_clearly_and_writes_nothing(make_config, tmp_path):
             "data.columns.item_id=item",
             "data.columns.timestamp=ts",
             "data.columns.event_type=event",
+            "data.columns.category=cat",  # mapped, but the file has no such column
         ],
     )
-    with pytest.raises(DataError, match=r"lacks column\(s\) \['category'\].*data.columns.category"):
+    with pytest.raises(DataError, match=r"lacks column\(s\) \['cat'\].*data.columns.category="):
         train.run(cfg)
-    assert not (tmp_path / "outputs").exists()
+    assert written(tmp_path / "outputs") == []
 
     log_file.write_text("user,item,ts,event,cat\n1,10,yesterday,view,a\n1,11,2024-01-01,view,a\n")
     cfg = make_config(
@@ -162,12 +174,16 @@ def test_bad_event_log_fails_clearly_and_writes_nothing(make_config, tmp_path):
             "data.columns.category=cat",
         ],
     )
-    with pytest.raises(DataError, match=r"1 row\(s\) whose 'ts' could not be parsed.*yesterday"):
+    message = (
+        r"1 row\(s\) whose timestamp \(column 'ts'\) could not be parsed \[bad_timestamp\] "
+        r"\(row 0: 'yesterday'\); fix: "
+    )
+    with pytest.raises(DataError, match=message):
         train.run(cfg)
     log_file.write_text("")
     with pytest.raises(DataError, match="empty"):
         train.run(cfg)
-    assert not (tmp_path / "outputs").exists()
+    assert written(tmp_path / "outputs") == []
 
 
 def test_cli_overrides_and_multirun_sweep(tmp_path):

@@ -10,8 +10,8 @@ import torch
 
 from recsys.data.batch import SeqBatch
 from recsys.data.dataset import SequenceStore, TargetRows, TrainWindows, batch_loader
-from recsys.data.sequences import BEHAVIORS, ITEMS, TIMES, TimeBuckets
-from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET
+from recsys.data.sequences import BEHAVIORS, ITEMS, SEQUENCE_COLUMNS, TIMES, TimeBuckets
+from recsys.data.split import TEST_START, TEST_TARGET, TRAIN_END, VAL_TARGET
 from recsys.schema import USER
 
 BUCKETS = TimeBuckets(unit_seconds=60, num_buckets=8)
@@ -30,13 +30,14 @@ QUERY_TIME = 1_000_500  # 300 s after u2's last event
 
 
 def sequences_frame() -> pl.DataFrame:
-    users = [("u1", U1_TIMES, 7, 7, 8), ("u2", U2_TIMES, 2, -1, 2), ("u3", U3_TIMES, 1, -1, -1)]
-    users.append(("u4", U4_TIMES, 0, -1, -1))
+    """The layout of a prepared ``sequences.parquet`` (user, lists, split positions)."""
+    users = [("u1", U1_TIMES, 7, 7, 8, 8), ("u2", U2_TIMES, 2, -1, 2, 2)]
+    users += [("u3", U3_TIMES, 1, -1, 1, -1), ("u4", U4_TIMES, 0, -1, 2, -1)]
     rows, flat = [], 0
-    for user, times, train_end, val, test in users:
+    for user, times, train_end, val, test_start, test in users:
         items = list(range(10 + flat, 10 + flat + len(times)))
         behaviors = [2 + (flat + i) % 4 for i in range(len(times))]
-        rows.append((user, items, behaviors, times, train_end, val, test))
+        rows.append((user, items, behaviors, times, train_end, val, test_start, test))
         flat += len(times)
     return pl.DataFrame(
         rows,
@@ -47,6 +48,7 @@ def sequences_frame() -> pl.DataFrame:
             TIMES: pl.List(pl.Int64),
             TRAIN_END: pl.Int32,
             VAL_TARGET: pl.Int32,
+            TEST_START: pl.Int32,
             TEST_TARGET: pl.Int32,
         },
         orient="row",
@@ -107,6 +109,7 @@ def test_time_bucket_validation(kwargs, message):
 
 
 def test_store_from_frame_flattens_lists(store):
+    assert tuple(sequences_frame().columns) == SEQUENCE_COLUMNS  # the prepared file's layout
     np.testing.assert_array_equal(store.offsets, [0, 9, 12, 13, 17])
     np.testing.assert_array_equal(store.lengths, [9, 3, 1, 4])
     np.testing.assert_array_equal(store.item, np.arange(10, 27))
@@ -208,6 +211,7 @@ def random_store(seed: int, num_users: int = 40) -> SequenceStore:
             TIMES: [t.tolist() for t in times],
             TRAIN_END: train_end,
             VAL_TARGET: [-1] * num_users,
+            TEST_START: lengths,
             TEST_TARGET: [-1] * num_users,
         },
         schema_overrides={
@@ -215,6 +219,7 @@ def random_store(seed: int, num_users: int = 40) -> SequenceStore:
             BEHAVIORS: pl.List(pl.Int8),
             TRAIN_END: pl.Int32,
             VAL_TARGET: pl.Int32,
+            TEST_START: pl.Int32,
             TEST_TARGET: pl.Int32,
         },
     )

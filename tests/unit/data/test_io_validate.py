@@ -4,7 +4,7 @@ nothing; every supported way of handing over a log is read to the same canonical
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -15,12 +15,33 @@ from polars.testing import assert_frame_equal
 from recsys.data.io import DataError
 from recsys.data.pipeline import PrepareSettings, load_events, prepare_dataset
 from recsys.data.synthetic import generate_events
-from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
+from recsys.data.validate import BadRowPolicy
+from recsys.schema import (
+    ATTRIBUTES,
+    CATEGORY,
+    EVENT_TYPE,
+    ITEM,
+    SESSION,
+    TIMESTAMP,
+    USER,
+    EventSchema,
+)
 
 # A schema without the optional category column: most hand-written logs below have none.
 NO_CATEGORY = {USER: USER, ITEM: ITEM, TIMESTAMP: TIMESTAMP, EVENT_TYPE: EVENT_TYPE}
 SCHEMA = EventSchema(columns=NO_CATEGORY)
 HEADER = "user_id,item_id,timestamp,event_type\n"
+BAD_ROWS = "bad rows (row numbers are 0-based, header excluded), nothing was written:"
+BEHAVIORS = "['view', 'click', 'cart', 'purchase']"
+NULL_ID_FIX = "fix: fill the ids upstream, or data.bad_rows.null_id=drop"
+TIMESTAMP_FIX = (
+    "fix: use Unix seconds (data.timestamp_unit=s), milliseconds (data.timestamp_unit=ms) or "
+    "ISO 8601, or data.bad_rows.bad_timestamp=drop"
+)
+BEHAVIOR_FIX = (
+    "fix: add them to data.behaviors or map them with data.behavior_aliases.<name>=<behavior>, "
+    "or data.bad_rows.unknown_behavior=drop"
+)
 
 
 def utc(*args: int) -> datetime:
@@ -51,6 +72,14 @@ def prepare_fails(
 
 def instants(df: pl.DataFrame) -> list[datetime]:
     return df[TIMESTAMP].to_list()
+
+
+def problem_lines(message: str, source: str) -> list[str]:
+    """The per-kind lines of a bad-row error, after checking its header."""
+    header, *lines = message.split("\n")
+    assert header == f"{source}: {BAD_ROWS}"
+    assert all(line.startswith("  - ") for line in lines)
+    return [line[4:] for line in lines]
 
 
 @pytest.fixture(scope="module")
@@ -120,23 +149,34 @@ def test_unparseable_timestamps_are_counted_and_quoted(tmp_path):
         + "2,4,2024-01-02T00:00:00Z,view\n",
     )
     message = prepare_fails(tmp_path, path)
-    assert str(path) in message
-    assert "2 row(s)" in message
-    assert "'not-a-time'" in message
-    assert "'2024-13-45'" in message
-    assert "timestamp_unit" in message and "ISO 8601" in message
+    assert problem_lines(message, str(path)) == [
+        "2 row(s) whose timestamp (column 'timestamp') could not be parsed [bad_timestamp] "
+        f"(row 1: 'not-a-time', row 2: '2024-13-45'); {TIMESTAMP_FIX}"
+    ]
 
 
-def test_null_ids_are_counted_per_column(tmp_path):
+def test_null_ids_are_counted_and_quoted(tmp_path):
     path = write(
         tmp_path / "in",
         "log.csv",
         HEADER + ",2,10,view\n1,,11,view\n,,12,view\n1,3,13,view\n",
     )
     message = prepare_fails(tmp_path, path)
-    assert "2 row(s) with a null 'user_id'" in message
-    assert "2 row(s) with a null 'item_id'" in message
-    assert "nothing was written" in message
+    # a row with both ids null is one bad row
+    assert problem_lines(message, str(path)) == [
+        "3 row(s) with a null user or item id (columns 'user_id' / 'item_id') [null_id] "
+        f"(row 0, row 1, row 2); {NULL_ID_FIX}"
+    ]
+
+
+def test_examples_are_the_first_three_rows_of_a_kind(tmp_path):
+    body = "".join(f"{u},{i},{t},view\n" for u, i, t in [(1, 2, 10), (1, "", 11)] * 4)
+    path = write(tmp_path / "in", "log.csv", HEADER + body)
+    message = prepare_fails(tmp_path, path)
+    assert problem_lines(message, str(path)) == [
+        "4 row(s) with a null user or item id (columns 'user_id' / 'item_id') [null_id] "
+        f"(row 1, row 3, row 5); {NULL_ID_FIX}"
+    ]
 
 
 def test_null_ids_message_names_the_users_column(tmp_path):
@@ -147,7 +187,10 @@ def test_null_ids_message_names_the_users_column(tmp_path):
         {"visitor": [None, 1], "sku": [1, 2], "ts": [10, 11], "event": ["view", "view"]}
     )
     message = prepare_fails(tmp_path, frame, schema=schema)
-    assert "1 row(s) with a null 'user_id' (column 'visitor'" in message
+    assert problem_lines(message, "<in-memory polars frame>") == [
+        "1 row(s) with a null user or item id (columns 'visitor' / 'sku') [null_id] (row 0); "
+        + NULL_ID_FIX
+    ]
 
 
 def test_unknown_event_types_are_listed_with_alias_hint(tmp_path):
@@ -157,9 +200,11 @@ def test_unknown_event_types_are_listed_with_alias_hint(tmp_path):
         HEADER + "1,2,10,view\n1,3,11,wishlist\n2,3,12,share\n2,4,13,wishlist\n",
     )
     message = prepare_fails(tmp_path, path)
-    assert "3 row(s) with an event type outside" in message
-    assert "'wishlist'" in message and "'share'" in message
-    assert "behavior_aliases" in message
+    assert problem_lines(message, str(path)) == [
+        f"3 row(s) with an event type (column 'event_type') outside {BEHAVIORS} "
+        "[unknown_behavior] (names ['share', 'wishlist']; row 1: 'wishlist', row 2: 'share', "
+        f"row 3: 'wishlist'); {BEHAVIOR_FIX}"
+    ]
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
@@ -169,9 +214,46 @@ def test_every_problem_is_reported_at_once(tmp_path):
         HEADER + ",2,2024-01-01,view\n1,3,garbage,view\n1,4,2024-01-01,teleport\n",
     )
     message = prepare_fails(tmp_path, path)
-    assert "null 'user_id'" in message
-    assert "'garbage'" in message
-    assert "'teleport'" in message
+    # one line per kind, in the documented order, each with its fix
+    assert problem_lines(message, str(path)) == [
+        "1 row(s) with a null user or item id (columns 'user_id' / 'item_id') [null_id] "
+        f"(row 0); {NULL_ID_FIX}",
+        "1 row(s) whose timestamp (column 'timestamp') could not be parsed [bad_timestamp] "
+        f"(row 1: 'garbage'); {TIMESTAMP_FIX}",
+        f"1 row(s) with an event type (column 'event_type') outside {BEHAVIORS} "
+        f"[unknown_behavior] (names ['teleport']; row 2: 'teleport'); {BEHAVIOR_FIX}",
+    ]
+
+
+def test_timestamps_before_1970_and_after_as_of(tmp_path):
+    path = write(
+        tmp_path / "in",
+        "log.csv",
+        HEADER + "1,1,1969-12-31T23:59:59Z,view\n1,2,2024-01-01,view\n1,3,2024-06-02,view\n",
+    )
+    as_of = utc(2024, 6, 1)
+    with pytest.raises(DataError) as info:
+        load_events(path, SCHEMA, as_of=as_of)
+    assert problem_lines(str(info.value), str(path)) == [
+        "1 row(s) with a timestamp before 1970-01-01 (column 'timestamp') [negative_timestamp] "
+        "(row 0: '1969-12-31T23:59:59Z'); fix: check the unit (data.timestamp_unit) and the "
+        "sign, or data.bad_rows.negative_timestamp=drop",
+        "1 row(s) with a timestamp after as_of=2024-06-01T00:00:00+00:00 (column 'timestamp') "
+        "[future_timestamp] (row 2: '2024-06-02'); fix: set data.as_of to the log's end, or "
+        "data.bad_rows.future_timestamp=drop",
+    ]
+    # with the policy set to drop, the same rows are set aside and the rest is read
+    policy = BadRowPolicy(negative_timestamp="drop", future_timestamp="drop")
+    events = load_events(path, SCHEMA, bad_rows=policy, as_of=as_of)
+    assert events[ITEM].to_list() == [2]
+
+
+def test_future_rows_without_as_of_name_the_moment_used(tmp_path):
+    path = write(tmp_path / "in", "log.csv", HEADER + "1,1,2024-01-01,view\n1,2,2999-01-01,view\n")
+    with pytest.raises(DataError) as info:
+        load_events(path, SCHEMA)
+    assert "[future_timestamp]" in str(info.value)
+    assert "as_of=None" not in str(info.value)
 
 
 def test_empty_in_memory_frame(tmp_path):
@@ -190,8 +272,18 @@ def test_unsupported_source_type():
 
 
 def test_schema_rejects_unmapped_required_column():
-    with pytest.raises(ValueError, match=r"data\.columns\.<name>"):
-        EventSchema(columns={USER: "u", ITEM: "i", TIMESTAMP: "t"})
+    message = r"EventSchema.columns must map \['item_id'\]: set data\.columns\.<name>="
+    with pytest.raises(ValueError, match=message):
+        EventSchema(columns={USER: "u", TIMESTAMP: "t", EVENT_TYPE: "e"})
+    with pytest.raises(ValueError, match=r"must map \['user_id', 'item_id'\]"):
+        EventSchema(columns={TIMESTAMP: "t"})
+    # timestamp and event type are optional: order-only logs, a single behaviour
+    assert EventSchema(columns={USER: "u", ITEM: "i"}).has(TIMESTAMP) is False
+
+
+def test_schema_rejects_unknown_canonical_names():
+    with pytest.raises(ValueError, match=r"unknown keys \['price'\]"):
+        EventSchema(columns={USER: "u", ITEM: "i", "price": "p"})
 
 
 def test_folder_of_mixed_file_types(tmp_path):
@@ -244,17 +336,66 @@ def test_renamed_columns_are_mapped_and_extra_columns_dropped():
             ITEM: [7, 8],
             TIMESTAMP: [utc(1970, 1, 1, 0, 1, 40), utc(1970, 1, 1, 0, 3, 20)],
             EVENT_TYPE: ["view", "cart"],
-            CATEGORY: ["3", None],
+            ATTRIBUTES: [["3"], None],  # a category is an attribute set of one
         },
         schema={
             USER: pl.String,
             ITEM: pl.Int64,
             TIMESTAMP: pl.Datetime("us", "UTC"),
             EVENT_TYPE: pl.String,
-            CATEGORY: pl.String,
+            ATTRIBUTES: pl.List(pl.String),
         },
     )
     assert_frame_equal(load_events(frame, schema), expected)
+
+
+def test_order_only_log_without_timestamp_and_event_type():
+    # e.g. the S3-Rec files: each user's events in input order, one behaviour
+    schema = EventSchema(columns={USER: "u", ITEM: "i"})
+    frame = pl.DataFrame({"u": ["b", "a", "b"], "i": [3, 1, 2], "ignored": [0, 0, 0]})
+    epoch = utc(1970, 1, 1)
+    expected = pl.DataFrame(
+        {
+            USER: ["b", "a", "b"],
+            ITEM: [3, 1, 2],
+            # 1970-01-01 + the input row number in microseconds: input order, no time gaps
+            TIMESTAMP: [epoch + timedelta(microseconds=k) for k in range(3)],
+            EVENT_TYPE: ["view"] * 3,
+            ATTRIBUTES: [None, None, None],
+        },
+        schema={
+            USER: pl.String,
+            ITEM: pl.Int64,
+            TIMESTAMP: pl.Datetime("us", "UTC"),
+            EVENT_TYPE: pl.String,
+            ATTRIBUTES: pl.List(pl.String),
+        },
+    )
+    assert_frame_equal(load_events(frame, schema), expected)
+
+
+def test_attribute_lists_separated_strings_and_session_ids():
+    schema = EventSchema(
+        columns={USER: "u", ITEM: "i", ATTRIBUTES: "genres", SESSION: "visit"},
+        attribute_separator="|",
+    )
+    frame = pl.DataFrame(
+        {
+            "u": [1, 1, 2, 2],
+            "i": [5, 6, 7, 8],
+            "genres": ["Action|Comedy", " Drama | |War ", None, "|"],
+            "visit": [10, 10, None, 11],
+        }
+    )
+    out = load_events(frame, schema)
+    assert out.columns == [USER, ITEM, TIMESTAMP, EVENT_TYPE, ATTRIBUTES, SESSION]
+    # split, stripped, empty parts dropped; nothing left -> null
+    assert out[ATTRIBUTES].to_list() == [["Action", "Comedy"], ["Drama", "War"], None, None]
+    assert out[SESSION].to_list() == ["10", "10", None, "11"]  # session ids become strings
+    # a list column stays a list (no separator needed)
+    lists = pl.DataFrame({"u": [1, 1], "i": [5, 6], "genres": [["a", " b"], []]})
+    schema = EventSchema(columns={USER: "u", ITEM: "i", ATTRIBUTES: "genres"})
+    assert load_events(lists, schema)[ATTRIBUTES].to_list() == [["a", "b"], None]
 
 
 def test_swapped_column_names_are_renamed_simultaneously():
@@ -275,8 +416,8 @@ def test_one_column_may_feed_two_canonical_columns():
     )
     frame = pl.DataFrame({"u": [1], "sku": [42], "t": [0], "e": ["view"]})
     out = load_events(frame, schema)
-    assert out.columns == [USER, ITEM, TIMESTAMP, EVENT_TYPE, CATEGORY]
-    assert out.row(0) == (1, 42, utc(1970, 1, 1), "view", "42")
+    assert out.columns == [USER, ITEM, TIMESTAMP, EVENT_TYPE, ATTRIBUTES]
+    assert out.row(0) == (1, 42, utc(1970, 1, 1), "view", ["42"])
 
 
 def test_behavior_aliases_map_raw_names():
@@ -399,8 +540,10 @@ def test_pandas_nan_ids_are_null_ids(tmp_path):
         {USER: [1.0, float("nan")], ITEM: [1, 2], TIMESTAMP: [0, 1], EVENT_TYPE: ["view"] * 2}
     )
     message = prepare_fails(tmp_path, frame)
-    assert "in-memory pandas frame" in message
-    assert "1 row(s) with a null 'user_id'" in message
+    assert problem_lines(message, "<in-memory pandas frame>") == [
+        "1 row(s) with a null user or item id (columns 'user_id' / 'item_id') [null_id] (row 1); "
+        + NULL_ID_FIX
+    ]
 
 
 def test_same_log_from_csv_parquet_pandas_and_polars(tmp_path, small_log):
@@ -412,8 +555,10 @@ def test_same_log_from_csv_parquet_pandas_and_polars(tmp_path, small_log):
     small_log.write_parquet(parquet)
     small_log.write_parquet(pq_suffix)
     reference = load_events(small_log, schema)
-    assert reference.height == small_log.height
-    assert_frame_equal(reference, small_log.select(reference.columns))
+    expected = small_log.select(
+        USER, ITEM, TIMESTAMP, EVENT_TYPE, pl.concat_list(CATEGORY).alias(ATTRIBUTES)
+    )
+    assert_frame_equal(reference, expected)
     for source in (csv, str(csv), parquet, pq_suffix, small_log.lazy(), small_log.to_pandas()):
         assert_frame_equal(load_events(source, schema), reference)
 
@@ -427,20 +572,40 @@ def test_folder_of_parquet_files_is_read_as_one_log(tmp_path, small_log):
     assert_frame_equal(load_events(folder, EventSchema()), load_events(small_log, EventSchema()))
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_prepare_from_files_matches_in_memory(tmp_path, small_log, suffix):
+def prepare_file_and_frame(tmp_path: Path, log: pl.DataFrame, suffix: str) -> tuple[dict, dict]:
     path = tmp_path / f"log{suffix}"
-    getattr(small_log, "write_csv" if suffix == ".csv" else "write_parquet")(path)
-    settings = PrepareSettings()
+    getattr(log, "write_csv" if suffix == ".csv" else "write_parquet")(path)
+    settings = PrepareSettings(as_of=utc(2030, 1, 1))
     from_file = prepare_dataset(
         path, schema=EventSchema(), settings=settings, out_dir=tmp_path / "a"
     )
     in_memory = prepare_dataset(
-        small_log, schema=EventSchema(), settings=settings, out_dir=tmp_path / "b"
+        log, schema=EventSchema(), settings=settings, out_dir=tmp_path / "b"
     )
     assert from_file["source"] == str(path)
+    return from_file, in_memory
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_prepare_from_files_matches_in_memory(tmp_path, small_log, suffix):
+    from_file, in_memory = prepare_file_and_frame(tmp_path, small_log, suffix)
+    for name in ("sequences.parquet", "items.parquet", "attributes.parquet", "quarantine.parquet"):
+        assert_frame_equal(
+            pl.read_parquet(tmp_path / "a" / name), pl.read_parquet(tmp_path / "b" / name)
+        )
+    ignore = {"source", "fingerprint"}
+    assert {k: v for k, v in from_file.items() if k not in ignore} == {
+        k: v for k, v in in_memory.items() if k not in ignore
+    }
+
+
+@pytest.mark.parametrize(
+    "suffix",
+    [
+        ".csv",
+        ".parquet",
+    ],
+)
+def test_fingerprint_does_not_depend_on_the_file_format(tmp_path, small_log, suffix):
+    from_file, in_memory = prepare_file_and_frame(tmp_path, small_log, suffix)
     assert from_file["fingerprint"] == in_memory["fingerprint"]
-    assert_frame_equal(
-        pl.read_parquet(tmp_path / "a" / "sequences.parquet"),
-        pl.read_parquet(tmp_path / "b" / "sequences.parquet"),
-    )

@@ -1,5 +1,6 @@
-"""Tests for recsys.data.pipeline: the prepared folder and its statistics, the fingerprint, atomic
-replacement, and scoring sequences built with a saved vocabulary."""
+"""Tests for recsys.data.pipeline: the prepared folder and its statistics, the quarantine file,
+k-core / window / truncation / sessions, the fingerprint, atomic replacement, and scoring
+sequences built with a saved vocabulary."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from recsys.data.dataset import SequenceStore
+from recsys.data.io import DataError
 from recsys.data.pipeline import (
+    QUARANTINE_FILE,
     SEQUENCES_FILE,
     STATS_FILE,
     PrepareSettings,
@@ -23,14 +26,25 @@ from recsys.data.pipeline import (
     scoring_sequences,
 )
 from recsys.data.sequences import BEHAVIORS, ITEMS, SEQUENCE_COLUMNS, TIMES, TimeBuckets
-from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET, SplitSettings
+from recsys.data.split import TEST_START, TEST_TARGET, TRAIN_END, VAL_TARGET, SplitSettings
 from recsys.data.synthetic import generate_events
+from recsys.data.transforms import SESSION_INDEX
+from recsys.data.validate import BadRowPolicy
 from recsys.data.vocab import FILES, INDEX, Vocab
-from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, UNK_IDX, USER, EventSchema
+from recsys.schema import (
+    ATTRIBUTES,
+    CATEGORY,
+    EVENT_TYPE,
+    ITEM,
+    TIMESTAMP,
+    UNK_IDX,
+    USER,
+    EventSchema,
+)
 
 SCHEMA = EventSchema()
 SETTINGS = PrepareSettings()
-FOLDER_FILES = sorted([SEQUENCES_FILE, STATS_FILE, *FILES.values()])
+FOLDER_FILES = sorted([SEQUENCES_FILE, STATS_FILE, QUARANTINE_FILE, *FILES.values()])
 
 
 def synthetic(seed: int = 4) -> pl.DataFrame:
@@ -80,21 +94,41 @@ def test_stats_counts_add_up(tmp_path):
     vocab = Vocab.load(tmp_path / "prep")
 
     assert stats["rows_read"] == events.height
-    assert stats["duplicates_removed"] == duplicates
-    assert stats["users_below_min_events"] == small_users
-    assert stats["events_of_users_below_min_events"] == small_events
+    assert stats["bad_rows"] == {"duplicate": duplicates}
+    assert stats["bad_rows_policy"] == {
+        "null_id": "error",
+        "bad_timestamp": "error",
+        "unknown_behavior": "error",
+        "negative_timestamp": "error",
+        "future_timestamp": "error",
+        "duplicate": "drop",
+    }
+    assert stats["quarantined"] == stats["duplicates_removed"] == duplicates
+    assert stats["events_outside_window"] == 0
+    # the small users (one event each after dedupe) go in round 1 of the k-core; round 2 is stable
+    assert stats["kcore_iterations"] == 2
+    assert stats["events_removed_by_kcore"] == small_events
+    assert stats["events_removed_by_max_user_events"] == 0
     assert stats["events"] == clean_events.height
     assert stats["rows_read"] == (
-        stats["events"] + stats["duplicates_removed"] + stats["events_of_users_below_min_events"]
+        stats["events"]
+        + stats["quarantined"]
+        + stats["events_outside_window"]
+        + stats["events_removed_by_kcore"]
+        + stats["events_removed_by_max_user_events"]
     )
     assert stats["users"] == sequences.height == clean_events[USER].n_unique()
+    assert stats["users"] + small_users == events[USER].n_unique()
+    assert stats["items"] == clean_events[ITEM].n_unique()
+    assert "sessions" not in stats  # sessions are not derived by default
     assert stats["events"] == sequences[ITEMS].list.len().sum()
     assert stats["train_events"] == sequences[TRAIN_END].sum()
     assert stats["train_users"] == (sequences[TRAIN_END] >= 2).sum()
     assert stats["val_targets"] == (sequences[VAL_TARGET] >= 0).sum() > 0
     assert stats["test_targets"] == (sequences[TEST_TARGET] >= 0).sum() > 0
     assert stats["num_items"] == vocab.num_items
-    assert stats["num_categories"] == vocab.num_categories
+    assert stats["num_attributes"] == vocab.num_attributes == clean_events[CATEGORY].n_unique() + 2
+    assert stats["attribute_width"] == vocab.attribute_width == 1
     assert stats["num_behaviors"] == vocab.num_behaviors == 6
     assert stats["vocab_hash"] == vocab.content_hash()
     assert stats["source"] == "<in-memory polars frame>"
@@ -107,17 +141,167 @@ def test_stats_counts_add_up(tmp_path):
     assert stats["train_events"] == (clean_events[TIMESTAMP] < val_start).sum()
     assert stats["split"]["method"] == "temporal"
     assert stats["split"]["target_behaviors"] is None
+    assert stats["settings"] == SETTINGS.to_dict()
+    assert stats["ordered_by"] == "timestamp"
+    assert stats["partitions"] == 1
+
+
+def test_quarantine_file_holds_the_rows_set_aside(tmp_path):
+    clean_events = synthetic()
+    events, duplicates, _, _ = with_noise(clean_events)
+    prepare(events, tmp_path / "prep")
+    quarantine = pl.read_parquet(tmp_path / "prep" / QUARANTINE_FILE)
+    assert quarantine.columns == [
+        "row",
+        "problem",
+        USER,
+        ITEM,
+        TIMESTAMP,
+        EVENT_TYPE,
+        ATTRIBUTES,
+        "raw_timestamp",
+        "raw_event_type",
+    ]
+    # the 7 appended copies, and user 3's second identical row: the later input row goes
+    n = clean_events.height
+    rows = [*range(n, n + 7), n + 7 + 3]
+    expected = events.with_row_index("row")[rows].select(
+        "row",
+        pl.lit("duplicate").alias("problem"),
+        USER,
+        ITEM,
+        TIMESTAMP,
+        EVENT_TYPE,
+        pl.concat_list(CATEGORY).alias(ATTRIBUTES),
+    )
+    assert len(rows) == duplicates
+    assert_frame_equal(quarantine.select(expected.columns), expected)
+    assert quarantine["raw_event_type"].to_list() == quarantine[EVENT_TYPE].to_list()
+    assert quarantine["raw_timestamp"].null_count() == 0
+
+
+def test_quarantine_file_of_a_clean_log_is_empty_and_typed(tmp_path):
+    prepare(synthetic(), tmp_path / "prep")
+    quarantine = pl.read_parquet(tmp_path / "prep" / QUARANTINE_FILE)
+    assert quarantine.height == 0
+    assert quarantine.schema["row"] == pl.UInt32
+    assert quarantine.schema[ATTRIBUTES] == pl.List(pl.String)
+
+
+def test_dropped_bad_rows_are_counted_quarantined_and_kept_out(tmp_path):
+    events = synthetic()
+    bad = events[:3].with_columns(
+        pl.Series(EVENT_TYPE, ["teleport", "teleport", "view"]),
+        pl.Series(USER, [1, 2, None], dtype=events.schema[USER]),
+    )
+    policy = BadRowPolicy(null_id="drop", unknown_behavior="drop")
+    stats = prepare(pl.concat([events, bad]), tmp_path / "prep", replace(SETTINGS, bad_rows=policy))
+    assert stats["bad_rows"] == {"null_id": 1, "unknown_behavior": 2}
+    assert stats["quarantined"] == 3 and stats["duplicates_removed"] == 0
+    assert stats["events"] == events.height
+    quarantine = pl.read_parquet(tmp_path / "prep" / QUARANTINE_FILE)
+    assert quarantine["row"].to_list() == [events.height + k for k in range(3)]
+    assert quarantine["problem"].to_list() == ["unknown_behavior", "unknown_behavior", "null_id"]
+    assert quarantine["raw_event_type"].to_list() == ["teleport", "teleport", "view"]
+    assert quarantine[EVENT_TYPE].to_list() == [None, None, "view"]
+
+
+def kcore(events: pl.DataFrame, min_user_events: int, min_item_events: int) -> pl.DataFrame:
+    """A plain re-implementation of the iterative k-core filter."""
+    while True:
+        users = events.group_by(USER).len().filter(pl.col("len") >= min_user_events)[USER]
+        items = events.group_by(ITEM).len().filter(pl.col("len") >= min_item_events)[ITEM]
+        kept = events.filter(
+            pl.col(USER).is_in(users.implode()) & pl.col(ITEM).is_in(items.implode())
+        )
+        if kept.height == events.height:
+            return kept
+        events = kept
+
+
+def test_kcore_removes_rare_items_and_users_together(tmp_path):
+    events = synthetic()
+    settings = replace(SETTINGS, min_user_events=5, min_item_events=12)
+    stats = prepare(events, tmp_path / "prep", settings)
+    kept = kcore(events, 5, 12)
+    assert 0 < kept.height < events.height
+    assert stats["kcore_iterations"] >= 2
+    assert stats["events_removed_by_kcore"] == events.height - kept.height
+    assert stats["events"] == kept.height
+    assert stats["users"] == kept[USER].n_unique()
+    assert stats["items"] == kept[ITEM].n_unique()
+    sequences = pl.read_parquet(tmp_path / "prep" / SEQUENCES_FILE)
+    expected = (
+        kept.sort(USER, TIMESTAMP, maintain_order=True)
+        .group_by(USER, maintain_order=True)
+        .agg(pl.col(TIMESTAMP).dt.epoch("s").alias(TIMES))
+    )
+    assert_frame_equal(sequences.select(USER, TIMES).sort(USER), expected)
+
+
+def test_time_window_keeps_start_inclusive_end_exclusive(tmp_path):
+    events = synthetic()
+    times = events[TIMESTAMP].sort()
+    start, end = times[events.height // 4], times[3 * events.height // 4]
+    inside = events.filter((pl.col(TIMESTAMP) >= start) & (pl.col(TIMESTAMP) < end))
+    settings = replace(SETTINGS, window_start=start, window_end=end, min_user_events=1)
+    stats = prepare(events, tmp_path / "prep", settings)
+    assert stats["events_outside_window"] == events.height - inside.height
+    assert stats["events"] == inside.height
+    assert datetime.fromisoformat(stats["first_event"]) == start
+    assert datetime.fromisoformat(stats["last_event"]) == inside[TIMESTAMP].max()
+    assert stats["settings"]["window_start"] == start.isoformat()
+
+
+def test_max_user_events_keeps_each_users_most_recent(tmp_path):
+    events = synthetic()
+    stats = prepare(events, tmp_path / "prep", replace(SETTINGS, max_user_events=20))
+    lengths = events.group_by(USER).len()["len"]
+    assert lengths.min() < 20 < lengths.max()
+    assert stats["users"] == events[USER].n_unique()
+    assert stats["events"] == lengths.clip(upper_bound=20).sum()
+    assert stats["events_removed_by_max_user_events"] == events.height - stats["events"]
+    sequences = pl.read_parquet(tmp_path / "prep" / SEQUENCES_FILE)
+    expected = (
+        events.sort(USER, TIMESTAMP, maintain_order=True)
+        .group_by(USER, maintain_order=True)
+        .agg(pl.col(TIMESTAMP).dt.epoch("s").tail(20).alias(TIMES))
+    )
+    assert_frame_equal(sequences.select(USER, TIMES).sort(USER), expected)
+
+
+def test_sessions_by_inactivity_gap(tmp_path):
+    events = synthetic()
+    gap = 30 * 60
+    stats = prepare(events, tmp_path / "prep", replace(SETTINGS, session_gap_seconds=gap))
+    sequences = pl.read_parquet(tmp_path / "prep" / SEQUENCES_FILE)
+    assert sequences.columns == [
+        USER,
+        ITEMS,
+        BEHAVIORS,
+        TIMES,
+        SESSION_INDEX,
+        *SEQUENCE_COLUMNS[4:],
+    ]
+    assert sequences.schema[SESSION_INDEX] == pl.List(pl.Int32)
+    for times, sessions in zip(sequences[TIMES], sequences[SESSION_INDEX]):
+        starts = np.diff(np.asarray(times)) > gap
+        np.testing.assert_array_equal(sessions, np.concatenate([[0], np.cumsum(starts)]))
+    assert stats["sessions"] == sum(s[-1] + 1 for s in sequences[SESSION_INDEX].to_list())
+    assert stats["users"] < stats["sessions"] < stats["events"]
 
 
 def test_sequences_hold_each_users_sorted_encoded_history(tmp_path):
     events = synthetic()
-    prepare(events.sample(fraction=1.0, shuffle=True, seed=1), tmp_path / "prep")
+    shuffled = events.sample(fraction=1.0, shuffle=True, seed=1)
+    prepare(shuffled, tmp_path / "prep")
     sequences = pl.read_parquet(tmp_path / "prep" / SEQUENCES_FILE)
     vocab = Vocab.load(tmp_path / "prep")
     index_of = dict(zip(vocab.items[ITEM], vocab.items[INDEX]))
     behavior_of = {b: 2 + i for i, b in enumerate(SCHEMA.behaviors)}
     for row in sequences.head(10).iter_rows(named=True):
-        history = events.filter(pl.col(USER) == row[USER]).sort(TIMESTAMP)
+        # equal timestamps keep their input order (the tie rule)
+        history = shuffled.filter(pl.col(USER) == row[USER]).sort(TIMESTAMP, maintain_order=True)
         assert row[TIMES] == history[TIMESTAMP].dt.epoch("s").to_list()
         assert row[ITEMS] == [index_of.get(i, UNK_IDX) for i in history[ITEM]]
         assert row[BEHAVIORS] == [behavior_of[b] for b in history[EVENT_TYPE]]
@@ -158,9 +342,30 @@ def test_fingerprint_is_stable_and_sees_data_and_settings(tmp_path):
         "time_buckets": prepare(
             events, tmp_path / "i", replace(SETTINGS, time_buckets=TimeBuckets(3600, 12))
         )["fingerprint"],
+        "row_order": prepare(events[::-1], tmp_path / "j")["fingerprint"],
+        "min_item_events": prepare(events, tmp_path / "k", replace(SETTINGS, min_item_events=2))[
+            "fingerprint"
+        ],
+        "session_gap_seconds": prepare(
+            events, tmp_path / "l", replace(SETTINGS, session_gap_seconds=600.0)
+        )["fingerprint"],
+        "bad_rows": prepare(
+            events, tmp_path / "m", replace(SETTINGS, bad_rows=BadRowPolicy(null_id="drop"))
+        )["fingerprint"],
+        "as_of": prepare(
+            events, tmp_path / "n", replace(SETTINGS, as_of=datetime(2030, 1, 1, tzinfo=UTC))
+        )["fingerprint"],
+        "max_item_attributes": prepare(
+            events, tmp_path / "o", replace(SETTINGS, max_item_attributes=4)
+        )["fingerprint"],
     }
     assert first not in changed.values()
     assert len(set(changed.values())) == len(changed)
+    # the work layout is not part of the data
+    assert (
+        prepare(events, tmp_path / "p", replace(SETTINGS, partition_rows=1_000))["fingerprint"]
+        == first
+    )
 
 
 def test_rerun_replaces_the_folder(tmp_path):
@@ -209,11 +414,19 @@ def test_too_small_log_says_how_to_fix_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_failed_prepare_leaves_no_parent_folders(tmp_path):
+    bad = synthetic().with_columns(pl.lit("teleport").alias(EVENT_TYPE))
+    with pytest.raises(DataError, match="unknown_behavior"):
+        prepare(bad, tmp_path / "outputs" / "run" / "prepared")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_leave_one_out_with_single_event_users(tmp_path):
     events, _, _, _ = with_noise(synthetic())
     settings = PrepareSettings(split=SplitSettings(method="leave_one_out"), min_user_events=1)
     stats = prepare(events, tmp_path / "prep", settings)
-    assert stats["users_below_min_events"] == 0
+    assert stats["kcore_iterations"] == 0  # min_user_events = min_item_events = 1: no k-core
+    assert stats["events_removed_by_kcore"] == 0
     store = SequenceStore.from_parquet(tmp_path / "prep" / SEQUENCES_FILE)
     single = store.lengths == 1
     assert single.sum() == 3
@@ -241,8 +454,26 @@ def test_min_item_count_turns_rare_training_items_into_unk(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"min_user_events": 0}, "data.min_user_events=0 must be >= 1"),
-        ({"min_item_count": 0}, "data.min_item_count=0 must be >= 1"),
+        ({"min_user_events": 0}, "data.min_user_events=0 must be an integer >= 1"),
+        ({"min_item_events": 0}, "data.min_item_events=0 must be an integer >= 1"),
+        ({"min_item_count": 0}, "data.min_item_count=0 must be an integer >= 1"),
+        ({"min_user_events": 2.5}, "data.min_user_events=2.5 must be an integer >= 1"),
+        ({"min_user_events": True}, "data.min_user_events=True must be an integer >= 1"),
+        ({"max_item_attributes": 0}, "data.max_item_attributes=0 must be an integer >= 1"),
+        ({"partition_rows": 999}, "data.partition_rows=999 must be an integer >= 1000"),
+        (
+            {"max_user_events": 1},
+            "data.max_user_events=1 must be an integer >= data.min_user_events=2",
+        ),
+        ({"session_gap_seconds": 0}, "data.session_gap_seconds=0 must be > 0 (or null)"),
+        (
+            {
+                "window_start": datetime(2024, 2, 1, tzinfo=UTC),
+                "window_end": datetime(2024, 1, 1, tzinfo=UTC),
+            },
+            "data.window.start=2024-02-01T00:00:00+00:00 is not before "
+            "data.window.end=2024-01-01T00:00:00+00:00",
+        ),
     ],
 )
 def test_prepare_settings_validation(kwargs, message):
@@ -276,6 +507,8 @@ def test_scoring_sequences_respect_as_of(fitted):
     assert scored[ITEMS].list.len().sum() == earlier.height
     assert scored[USER].sort().to_list() == earlier[USER].unique().sort().to_list()
     assert (scored[TRAIN_END] == scored[ITEMS].list.len()).all()
+    assert (scored[TEST_START] == scored[ITEMS].list.len()).all()
+    assert tuple(scored.columns) == SEQUENCE_COLUMNS
     assert (scored[VAL_TARGET] == -1).all() and (scored[TEST_TARGET] == -1).all()
     # the boundary is inclusive: an event exactly at as_of is in
     assert scored[TIMES].explode().max() == int(as_of.timestamp())
@@ -296,7 +529,7 @@ def test_scoring_never_refits_the_vocabulary(fitted):
             ITEM: [123_456_789, vocab.items[ITEM][0], 123_456_789],
             TIMESTAMP: [last, last + timedelta(seconds=1), last + timedelta(seconds=1)],
             EVENT_TYPE: ["view", "purchase", "view"],
-            CATEGORY: ["new", None, "new"],
+            ATTRIBUTES: [["new"], None, ["new"]],
         },
         schema=events.schema,
     )

@@ -16,6 +16,7 @@ from recsys.data.dataset import SequenceStore, TargetRows, TrainWindows
 from recsys.data.pipeline import SEQUENCES_FILE, PrepareSettings, load_stats, prepare_dataset
 from recsys.data.sequences import TimeBuckets
 from recsys.data.split import (
+    TEST_START,
     TEST_TARGET,
     TRAIN_END,
     VAL_TARGET,
@@ -25,7 +26,8 @@ from recsys.data.split import (
     temporal_cuts,
 )
 from recsys.data.synthetic import generate_events
-from recsys.data.vocab import TRAIN_COUNT, Vocab
+from recsys.data.validate import ROW
+from recsys.data.vocab import ATTRIBUTE, TRAIN_COUNT, Vocab
 from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, UNK_IDX, USER, EventSchema
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -63,19 +65,28 @@ def tiny_log() -> pl.LazyFrame:
         },
         orient="row",
     )
-    # shuffled input: the split must only depend on the sorted history
+    # shuffled input (``_row`` numbers the shuffled rows): the split must only depend on the
+    # sorted history
     return (
         df.sample(fraction=1.0, shuffle=True, seed=5)
+        .with_row_index(ROW)
         .lazy()
         .pipe(transforms.sort_events)
         .pipe(transforms.add_position)
     )
 
 
-def positions(rows: dict[str, tuple[int, int, int]]) -> pl.DataFrame:
+def positions(rows: dict[str, tuple[int, int, int, int]]) -> pl.DataFrame:
+    """user -> (train_end, val_target, test_start, test_target)."""
     return pl.DataFrame(
         [(u, *v) for u, v in rows.items()],
-        schema={USER: pl.String, TRAIN_END: pl.Int32, VAL_TARGET: pl.Int32, TEST_TARGET: pl.Int32},
+        schema={
+            USER: pl.String,
+            TRAIN_END: pl.Int32,
+            VAL_TARGET: pl.Int32,
+            TEST_START: pl.Int32,
+            TEST_TARGET: pl.Int32,
+        },
         orient="row",
     )
 
@@ -97,10 +108,10 @@ def test_temporal_split_any_behavior():
     _, got = split(SplitSettings(val_fraction=0.2, test_fraction=0.2))
     expected = positions(
         {
-            "A": (2, 2, 4),
-            "B": (2, -1, 2),
-            "C": (2, -1, -1),
-            "D": (0, -1, -1),  # its only event is at position 0: nothing to predict it from
+            "A": (2, 2, 4, 4),
+            "B": (2, -1, 2, 2),
+            "C": (2, -1, 2, -1),
+            "D": (0, -1, 0, -1),  # its only event is at position 0: nothing to predict it from
         }
     )
     assert_frame_equal(got, expected)
@@ -112,10 +123,10 @@ def test_temporal_split_with_target_behaviors():
     )
     expected = positions(
         {
-            "A": (2, 3, -1),  # the validation view at position 2 is input, not target
-            "B": (2, -1, 2),
-            "C": (2, -1, -1),  # C's purchase lies in the training window
-            "D": (0, -1, -1),
+            "A": (2, 3, 4, -1),  # the validation view at position 2 is input, not target
+            "B": (2, -1, 2, 2),
+            "C": (2, -1, 2, -1),  # C's purchase lies in the training window
+            "D": (0, -1, 0, -1),
         }
     )
     assert_frame_equal(got, expected)
@@ -125,13 +136,57 @@ def test_leave_one_out_split():
     _, got = split(SplitSettings(method="leave_one_out"))
     expected = positions(
         {
-            "A": (3, 3, 4),
-            "B": (2, 2, 3),
-            "C": (0, -1, 1),  # two events: test target only
-            "D": (0, -1, -1),  # one event: nothing (and no arithmetic underflow)
+            "A": (3, 3, 4, 4),
+            "B": (2, 2, 3, 3),
+            "C": (0, -1, 1, 1),  # two events: test target only
+            "D": (0, -1, 0, -1),  # one event: nothing (and no arithmetic underflow)
         }
     )
     assert_frame_equal(got, expected)
+
+
+def test_leave_last_n_split():
+    # A: 5 events -> validation window 1-2, test window 3-4; B: 4 -> 0-1 and 2-3;
+    # C: 2 -> both in the test window; D: 1 -> test window, nothing to predict it from
+    _, got = split(SplitSettings(method="leave_last_n", holdout_events=2))
+    expected = positions(
+        {
+            "A": (1, 1, 3, 3),
+            "B": (0, 1, 2, 2),  # position 0 has no history: the validation target is 1
+            "C": (0, -1, 0, 1),
+            "D": (0, -1, 0, -1),
+        }
+    )
+    assert_frame_equal(got, expected)
+
+
+def test_leave_last_n_with_target_behaviors():
+    _, got = split(
+        SplitSettings(method="leave_last_n", holdout_events=2, target_behaviors=("purchase",))
+    )
+    expected = positions(
+        {
+            "A": (1, -1, 3, 3),  # click + view in validation: no target; purchase at 3 is
+            "B": (0, -1, 2, 2),
+            "C": (0, -1, 0, 1),
+            "D": (0, -1, 0, -1),
+        }
+    )
+    assert_frame_equal(got, expected)
+
+
+@pytest.mark.parametrize("target_behaviors", [None, ("purchase",)])
+def test_leave_one_out_is_leave_last_n_with_one_event(target_behaviors):
+    _, one_out = split(SplitSettings(method="leave_one_out", target_behaviors=target_behaviors))
+    _, last_one = split(
+        SplitSettings(method="leave_last_n", holdout_events=1, target_behaviors=target_behaviors)
+    )
+    assert_frame_equal(one_out, last_one)
+    # holdout_events only matters for leave_last_n
+    _, ignored = split(
+        SplitSettings(method="leave_one_out", holdout_events=3, target_behaviors=target_behaviors)
+    )
+    assert_frame_equal(ignored, one_out)
 
 
 def test_leave_one_out_ignores_timestamps_but_not_order():
@@ -148,8 +203,10 @@ def test_leave_one_out_ignores_timestamps_but_not_order():
     [
         (
             {"method": "random"},
-            "data.split.method='random': use one of ['temporal', 'leave_one_out']",
+            "data.split.method='random': use one of ['temporal', 'leave_one_out', 'leave_last_n']",
         ),
+        ({"holdout_events": 0}, "data.split.holdout_events=0 must be an integer >= 1"),
+        ({"holdout_events": 1.5}, "data.split.holdout_events=1.5 must be an integer >= 1"),
         ({"val_fraction": 0.0}, "data.split.val_fraction=0.0 must lie in (0, 0.5)"),
         ({"val_fraction": 0.5}, "data.split.val_fraction=0.5 must lie in (0, 0.5)"),
         ({"test_fraction": -0.1}, "data.split.test_fraction=-0.1 must lie in (0, 0.5)"),
@@ -172,7 +229,9 @@ def _synthetic() -> pl.DataFrame:
     return generate_events(num_users=80, num_items=120, num_categories=6, seed=21)
 
 
-@pytest.fixture(scope="module", params=["temporal", "temporal_purchase", "leave_one_out"])
+@pytest.fixture(
+    scope="module", params=["temporal", "temporal_purchase", "leave_one_out", "leave_last_n"]
+)
 def prepared(request, tmp_path_factory):
     split_settings = {
         "temporal": SplitSettings(),
@@ -180,6 +239,7 @@ def prepared(request, tmp_path_factory):
             val_fraction=0.2, test_fraction=0.2, target_behaviors=("cart", "purchase")
         ),
         "leave_one_out": SplitSettings(method="leave_one_out"),
+        "leave_last_n": SplitSettings(method="leave_last_n", holdout_events=2),
     }[request.param]
     out = tmp_path_factory.mktemp(request.param) / "prep"
     events = _synthetic()
@@ -252,25 +312,45 @@ def test_training_windows_stay_inside_the_training_window(prepared):
 
 
 def test_split_positions_agree_with_the_method(prepared):
-    stats, store, settings, _ = prepared
+    stats, store, settings, folder = prepared
     lengths = store.lengths
-    if settings.method == "leave_one_out":
+    window_start = pl.read_parquet(folder / SEQUENCES_FILE)[TEST_START].to_numpy()
+    assert (store.train_end <= window_start).all() and (window_start <= lengths).all()
+    if settings.method != "temporal":
+        holdout = 1 if settings.method == "leave_one_out" else settings.holdout_events
         assert stats["split"]["val_start"] is None
-        np.testing.assert_array_equal(store.train_end, np.maximum(lengths - 2, 0))
-        # a target is the second-to-last / last event, or -1 where its item is unknown
-        assert ((store.val_target == lengths - 2) | (store.val_target == -1)).all()
-        assert (store.val_target[lengths < 3] == -1).all()
-        assert ((store.test_target == lengths - 1) | (store.test_target == -1)).all()
+        np.testing.assert_array_equal(window_start, np.maximum(lengths - holdout, 0))
+        np.testing.assert_array_equal(store.train_end, np.maximum(lengths - 2 * holdout, 0))
+
+        def first_with_history(start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+            first = np.maximum(start, 1)
+            return np.where(first < stop, first, -1)
+
+        # a target is the first event of its window that has a history, or -1 where its item
+        # is unknown (counted in stats)
+        for which, got, expected in (
+            ("val", store.val_target, first_with_history(store.train_end, window_start)),
+            ("test", store.test_target, first_with_history(window_start, lengths)),
+        ):
+            dropped = (got == -1) & (expected >= 0)
+            assert ((got == expected) | dropped).all(), which
+            assert dropped.sum() == stats[f"{which}_targets_unknown_item"], which
         return
     val_start = int(datetime.fromisoformat(stats["split"]["val_start"]).timestamp())
     test_start = int(datetime.fromisoformat(stats["split"]["test_start"]).timestamp())
     for user in range(store.num_users):
         ts = store.timestamp[store.offsets[user] : store.offsets[user + 1]]
-        assert (ts[: store.train_end[user]] < val_start).all()
-        assert (ts[store.train_end[user] :] >= val_start).all()
+        train_end, first_test = store.train_end[user], window_start[user]
+        assert (ts[:train_end] < val_start).all()
+        assert (
+            (ts[train_end:first_test] >= val_start) & (ts[train_end:first_test] < test_start)
+        ).all()
+        assert (ts[first_test:] >= test_start).all()
         if store.val_target[user] >= 0:
+            assert train_end <= store.val_target[user] < first_test
             assert val_start <= ts[store.val_target[user]] < test_start
         if store.test_target[user] >= 0:
+            assert first_test <= store.test_target[user]
             assert ts[store.test_target[user]] >= test_start
 
 
@@ -338,7 +418,7 @@ def test_item_first_seen_after_the_cut_is_unknown_and_its_target_dropped(tmp_pat
     assert stats["split"]["val_start"] == base_stats["split"]["val_start"]
     assert new_val_item not in vocab.items[ITEM].to_list()
     assert new_test_item not in vocab.items[ITEM].to_list()
-    assert "brand-new" not in vocab.categories[CATEGORY].to_list()
+    assert "brand-new" not in vocab.attributes[ATTRIBUTE].to_list()
     # the tokens are UNK wherever they occur (also inside later input histories)
     assert store.item[store.offsets[val_user] + base.val_target[val_user]] == UNK_IDX
     assert store.item[store.offsets[test_user] + base.test_target[test_user]] == UNK_IDX

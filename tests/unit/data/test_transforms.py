@@ -1,34 +1,42 @@
-"""Tests for recsys.data.transforms: each pure lazy transform against an exact expected frame."""
+"""Tests for recsys.data.transforms: each transform against an exact expected frame."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
 from recsys.data import transforms
-from recsys.data.transforms import POSITION
-from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, USER
+from recsys.data.transforms import POSITION, SESSION_INDEX
+from recsys.data.validate import PROBLEM, ROW
+from recsys.schema import ATTRIBUTES, EVENT_TYPE, ITEM, SESSION, TIMESTAMP, USER
 
-COLUMNS = (USER, ITEM, EVENT_TYPE, TIMESTAMP, CATEGORY)
 DTYPES = {
+    ROW: pl.UInt32,  # the input row number (``with_row_index``)
     USER: pl.String,
     ITEM: pl.Int64,
     EVENT_TYPE: pl.String,
     TIMESTAMP: pl.Datetime("us", "UTC"),
-    CATEGORY: pl.String,
+    ATTRIBUTES: pl.List(pl.String),
 }
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def t(minute: int) -> datetime:
-    return datetime(2024, 1, 1, 0, minute, tzinfo=UTC)
+    return T0 + timedelta(minutes=minute)
 
 
-def frame(rows: list[tuple]) -> pl.DataFrame:
-    """(user, item, event_type, minute, category) tuples -> a canonical event frame."""
-    return pl.DataFrame([(u, i, e, t(m), c) for u, i, e, m, c in rows], schema=DTYPES, orient="row")
+def frame(rows: list[tuple], rows_numbers: list[int] | None = None) -> pl.DataFrame:
+    """(user, item, event_type, minute, attributes) tuples -> a canonical event frame whose
+    ``_row`` is the tuple's place in ``rows`` (or ``rows_numbers``)."""
+    numbers = list(range(len(rows))) if rows_numbers is None else rows_numbers
+    return pl.DataFrame(
+        [(n, u, i, e, t(m), a) for n, (u, i, e, m, a) in zip(numbers, rows)],
+        schema=DTYPES,
+        orient="row",
+    )
 
 
 def run(transform, df: pl.DataFrame, **kwargs) -> pl.DataFrame:
@@ -37,28 +45,22 @@ def run(transform, df: pl.DataFrame, **kwargs) -> pl.DataFrame:
     return out.collect()
 
 
+# -- duplicates --------------------------------------------------------------------------------
+
+
 def test_dedupe_drops_exact_repeats_and_keeps_the_first():
     events = frame(
         [
-            ("u1", 7, "view", 0, "c1"),
-            ("u2", 7, "view", 0, "c1"),
-            ("u1", 7, "view", 0, "c2"),  # repeat of row 0 (category is not part of the key)
-            ("u1", 7, "cart", 0, "c1"),  # other behaviour: kept
-            ("u1", 7, "view", 1, "c1"),  # other time: kept
-            ("u2", 7, "view", 0, "c9"),  # repeat of row 1
-            ("u1", 8, "view", 0, "c1"),  # other item: kept
+            ("u1", 7, "view", 0, ["c1"]),
+            ("u2", 7, "view", 0, ["c1"]),
+            ("u1", 7, "view", 0, ["c2"]),  # repeat of row 0 (attributes are not part of the key)
+            ("u1", 7, "cart", 0, ["c1"]),  # other behaviour: kept
+            ("u1", 7, "view", 1, ["c1"]),  # other time: kept
+            ("u2", 7, "view", 0, ["c9"]),  # repeat of row 1
+            ("u1", 8, "view", 0, ["c1"]),  # other item: kept
         ]
     )
-    expected = frame(
-        [
-            ("u1", 7, "view", 0, "c1"),
-            ("u2", 7, "view", 0, "c1"),
-            ("u1", 7, "cart", 0, "c1"),
-            ("u1", 7, "view", 1, "c1"),
-            ("u1", 8, "view", 0, "c1"),
-        ]
-    )
-    assert_frame_equal(run(transforms.dedupe, events), expected)
+    assert_frame_equal(run(transforms.dedupe, events), events[[0, 1, 3, 4, 6]])
 
 
 def test_dedupe_without_repeats_is_identity():
@@ -66,7 +68,33 @@ def test_dedupe_without_repeats_is_identity():
     assert_frame_equal(run(transforms.dedupe, events), events)
 
 
-def test_sort_events_orders_by_user_then_time_and_is_stable():
+def test_label_duplicates_marks_all_but_the_first_input_row():
+    rows = [
+        ("u1", 7, "view", 0, ["a"]),  # _row 9: a repeat of _row 4 although it comes first here
+        ("u1", 7, "view", 0, ["b"]),  # _row 4: the first of the three in input order
+        ("u2", 7, "view", 0, None),  # other user: not a repeat
+        ("u1", 7, "cart", 0, None),  # other behaviour
+        ("u1", 7, "view", 0, None),  # _row 12: another repeat of _row 4
+        ("u1", 8, "view", 5, None),  # _row 1, already labelled: keeps its label
+        ("u1", 8, "view", 5, None),  # _row 2, same key and label: not relabelled
+    ]
+    events = frame(rows, rows_numbers=[9, 4, 3, 5, 12, 1, 2]).with_columns(
+        pl.Series(PROBLEM, [None] * 5 + ["future_timestamp"] * 2, dtype=pl.String)
+    )
+    expected = events.with_columns(
+        pl.Series(
+            PROBLEM,
+            ["duplicate", None, None, None, "duplicate", "future_timestamp", "future_timestamp"],
+            dtype=pl.String,
+        )
+    )
+    assert_frame_equal(run(transforms.label_duplicates, events), expected)
+
+
+# -- ordering ----------------------------------------------------------------------------------
+
+
+def test_sort_events_orders_by_user_then_time_then_input_row():
     events = frame(
         [
             ("u2", 1, "view", 5, None),
@@ -78,64 +106,40 @@ def test_sort_events_orders_by_user_then_time_and_is_stable():
             ("u1", 5, "click", 3, None),
         ]
     )
-    expected = frame(
+    assert_frame_equal(run(transforms.sort_events, events), events[[3, 1, 2, 6, 5, 0, 4]])
+
+
+def test_sort_events_ties_follow_the_row_number_not_the_frame_order():
+    # a partition read back from several files is not in input order: ``_row`` decides ties
+    events = frame(
         [
-            ("u1", 9, "view", 1, None),
-            ("u1", 2, "cart", 3, None),
+            ("u1", 1, "cart", 3, None),
             ("u1", 2, "view", 3, None),
-            ("u1", 5, "click", 3, None),
-            ("u2", 4, "view", 2, None),
-            ("u2", 1, "view", 5, None),
-            ("u2", 3, "purchase", 5, None),
-        ]
+            ("u1", 3, "view", 1, None),
+        ],
+        rows_numbers=[8, 2, 5],
     )
-    assert_frame_equal(run(transforms.sort_events, events), expected)
+    assert_frame_equal(run(transforms.sort_events, events), events[[2, 1, 0]])
 
 
 def test_sort_events_stability_on_many_ties():
-    # two users interleaved, every event at the same instant: each user's events must come out
-    # in input order (an unstable multi-key sort scrambles them)
+    # two users interleaved, every event at the same instant, the frame shuffled: each user's
+    # events must come out in input-row order
     n = 400
-    users = ["u", "v"] * (n // 2)
     events = pl.DataFrame(
         {
-            USER: users,
+            ROW: list(range(n)),
+            USER: ["u", "v"] * (n // 2),
             ITEM: list(range(n)),
             EVENT_TYPE: ["view"] * n,
             TIMESTAMP: [t(0)] * n,
-            CATEGORY: [None] * n,
+            ATTRIBUTES: [None] * n,
         },
         schema=DTYPES,
     )
     expected = pl.concat([events.filter(pl.col(USER) == "u"), events.filter(pl.col(USER) == "v")])
-    assert_frame_equal(run(transforms.sort_events, events), expected)
-
-
-def test_filter_min_user_events_counts_whole_history():
-    events = frame(
-        [
-            ("u1", 1, "view", 0, None),
-            ("u2", 1, "view", 0, None),
-            ("u1", 2, "view", 1, None),
-            ("u3", 1, "view", 0, None),
-            ("u3", 2, "view", 1, None),
-            ("u3", 3, "view", 2, None),
-            ("u1", 3, "view", 2, None),
-        ]
-    )
-    expected = frame(
-        [
-            ("u1", 1, "view", 0, None),
-            ("u1", 2, "view", 1, None),
-            ("u3", 1, "view", 0, None),
-            ("u3", 2, "view", 1, None),
-            ("u3", 3, "view", 2, None),
-            ("u1", 3, "view", 2, None),
-        ]
-    )
-    assert_frame_equal(run(transforms.filter_min_user_events, events, min_events=3), expected)
-    assert_frame_equal(run(transforms.filter_min_user_events, events, min_events=1), events)
-    assert_frame_equal(run(transforms.filter_min_user_events, events, min_events=4), events.clear())
+    shuffled = events.sample(fraction=1.0, shuffle=True, seed=3)
+    assert_frame_equal(run(transforms.sort_events, shuffled), expected)
 
 
 def test_add_position_numbers_each_users_events():
@@ -153,32 +157,238 @@ def test_add_position_numbers_each_users_events():
     assert_frame_equal(run(transforms.add_position, events), expected)
 
 
-def test_chain_dedupe_filter_sort_position():
+# -- time window -------------------------------------------------------------------------------
+
+
+def test_clip_window_keeps_start_inclusive_end_exclusive():
+    events = frame([("u1", i, "view", i, None) for i in range(6)])
+    assert_frame_equal(run(transforms.clip_window, events, start=t(1), end=t(4)), events[1:4])
+    assert_frame_equal(run(transforms.clip_window, events, start=t(4)), events[4:])
+    assert_frame_equal(run(transforms.clip_window, events, end=t(1)), events[:1])
+    assert_frame_equal(run(transforms.clip_window, events), events)
+
+
+# -- k-core ------------------------------------------------------------------------------------
+
+# u1: i1 i2 i4   u2: i1 i2   u3: i1 i9   u4: i4      (min 2 events per user and per item)
+# round 1: u4 has 1 event, i9 has 1 event -> both out; u3 (2 events) and i4 (2 events) stay
+# round 2: without i9, u3 has 1 event -> out (an item's removal drops a user);
+#          without u4, i4 has 1 event -> out (a user's removal drops an item)
+# round 3: u1, u2 x i1, i2 all have 2 events: stable
+KCORE_LOG = [
+    ("u1", 1, "view", 0, None),
+    ("u3", 9, "view", 1, None),
+    ("u2", 1, "view", 2, None),
+    ("u1", 2, "view", 3, None),
+    ("u4", 4, "view", 4, None),
+    ("u3", 1, "view", 5, None),
+    ("u2", 2, "view", 6, None),
+    ("u1", 4, "view", 7, None),
+]
+
+
+def members(df: pl.DataFrame, **kwargs) -> tuple[list, list, int]:
+    users, items, iterations = transforms.kcore_members(df.lazy(), **kwargs)
+    return sorted(users[USER].to_list()), sorted(items[ITEM].to_list()), iterations
+
+
+def test_kcore_iterates_until_users_and_items_both_hold():
+    events = frame(KCORE_LOG)
+    assert members(events, min_user_events=2, min_item_events=2) == (["u1", "u2"], [1, 2], 3)
+    kept = run(
+        transforms.filter_members,
+        events,
+        users=pl.DataFrame({USER: ["u1", "u2"]}),
+        items=pl.DataFrame({ITEM: [1, 2]}),
+    )
+    assert_frame_equal(kept, events[[0, 2, 3, 6]])
+
+
+def test_kcore_single_thresholds():
+    events = frame(KCORE_LOG)
+    # users only: one round removes u4; items are not filtered
+    assert members(events, min_user_events=2, min_item_events=1) == (
+        ["u1", "u2", "u3"],
+        [1, 2, 4, 9],
+        2,
+    )
+    # items only: i9 goes, u3 keeps its other event
+    assert members(events, min_user_events=1, min_item_events=2) == (
+        ["u1", "u2", "u3", "u4"],
+        [1, 2, 4],
+        2,
+    )
+    # nothing to remove: stable at once
+    assert members(events, min_user_events=1, min_item_events=1) == (
+        ["u1", "u2", "u3", "u4"],
+        [1, 2, 4, 9],
+        1,
+    )
+    # too strict: everything goes
+    assert members(events, min_user_events=4, min_item_events=1)[:2] == ([], [])
+
+
+def test_kcore_that_does_not_converge_in_time_says_so():
+    with pytest.raises(ValueError, match="did not converge in 2 rounds"):
+        transforms.kcore_members(
+            frame(KCORE_LOG).lazy(), min_user_events=2, min_item_events=2, max_iterations=2
+        )
+
+
+def test_filter_members_keeps_the_sorted_order_with_large_member_tables():
+    # a partition holds fewer events than there are kept users / items in the whole log;
+    # keep_last_events, sessionize and add_position rely on the sorted order surviving
+    n = 1000
+    events = pl.DataFrame(
+        {
+            ROW: list(range(n)),
+            USER: [f"u{k // 4:04d}" for k in range(n)],
+            ITEM: [(k * 7919) % 3000 for k in range(n)],
+            EVENT_TYPE: ["view"] * n,
+            TIMESTAMP: [t(k % 4) for k in range(n)],
+            ATTRIBUTES: [None] * n,
+        },
+        schema=DTYPES,
+    )
+    users = pl.DataFrame({USER: [f"u{k:04d}" for k in range(0, 3000, 2)]})
+    items = pl.DataFrame({ITEM: list(range(1, 3000))})
+    expected = events.filter(
+        pl.col(USER).is_in(users[USER].implode()) & pl.col(ITEM).is_in(items[ITEM].implode())
+    )
+    kept = run(transforms.filter_members, events, users=users, items=items)
+    assert_frame_equal(kept, expected)
+
+
+# -- truncation and sessions -------------------------------------------------------------------
+
+
+def test_keep_last_events_keeps_each_users_most_recent():
+    events = frame(
+        [
+            ("u1", 1, "view", 0, None),
+            ("u1", 2, "view", 1, None),
+            ("u1", 3, "view", 2, None),
+            ("u1", 4, "view", 3, None),
+            ("u3", 6, "view", 0, None),
+            ("u3", 7, "view", 9, None),
+        ]
+    )
+    assert_frame_equal(run(transforms.keep_last_events, events, max_events=2), events[[2, 3, 4, 5]])
+    assert_frame_equal(run(transforms.keep_last_events, events, max_events=1), events[[3, 5]])
+    assert_frame_equal(run(transforms.keep_last_events, events, max_events=None), events)
+
+
+def test_keep_last_events_keeps_shorter_histories_whole():
+    events = frame(
+        [
+            ("u1", 1, "view", 0, None),
+            ("u1", 2, "view", 1, None),
+            ("u1", 3, "view", 2, None),
+            ("u2", 5, "view", 0, None),
+            ("u3", 6, "view", 0, None),
+            ("u3", 7, "view", 9, None),
+        ]
+    )
+    assert_frame_equal(
+        run(transforms.keep_last_events, events, max_events=2), events[[1, 2, 3, 4, 5]]
+    )
+
+
+def session_log() -> pl.DataFrame:
+    """u1: 10:00 10:20 12:00 12:05 (ids a a b b); u2: one event the day before (id a);
+    u3: 10:00 10:30 11:01 (ids null null x)."""
+    base = datetime(2024, 1, 1, 10, tzinfo=UTC)
+    minutes = [0, 20, 120, 125, -24 * 60, 0, 30, 61]
+    return pl.DataFrame(
+        {
+            ROW: list(range(8)),
+            USER: ["u1"] * 4 + ["u2"] + ["u3"] * 3,
+            TIMESTAMP: [base + timedelta(minutes=m) for m in minutes],
+            SESSION: ["a", "a", "b", "b", "a", None, None, "x"],
+        },
+        schema={ROW: pl.UInt32, USER: pl.String, TIMESTAMP: DTYPES[TIMESTAMP], SESSION: pl.String},
+    )
+
+
+def test_sessionize_by_inactivity_gap():
+    events = session_log()
+    # 30 minutes: u1 10:20 -> 12:00 starts a new session; u3's gap of exactly 30 min does not
+    # (only a longer one does), 31 min does; u2's first event is a new user, not a gap
+    expected = events.with_columns(
+        pl.Series(SESSION_INDEX, [0, 0, 1, 1, 0, 0, 0, 1], dtype=pl.Int32)
+    )
+    got = run(transforms.sessionize, events, gap_seconds=30 * 60, has_session_id=False)
+    assert_frame_equal(got, expected)
+    # a gap longer than every other: one session per user
+    one = run(transforms.sessionize, events, gap_seconds=10 * 3600, has_session_id=False)
+    assert one[SESSION_INDEX].to_list() == [0] * 8
+
+
+def test_sessionize_by_session_id_and_without_sessions():
+    events = session_log()
+    # a new session where the id changes within a user (u2's "a" is not u1's "a")
+    expected = events.with_columns(
+        pl.Series(SESSION_INDEX, [0, 0, 1, 1, 0, 0, 0, 1], dtype=pl.Int32)
+    )
+    got = run(transforms.sessionize, events, gap_seconds=None, has_session_id=True)
+    assert_frame_equal(got, expected)
+    # the user's ids win over a gap; an id that comes back is a new session
+    returning = events.with_columns(pl.Series(SESSION, ["a", "b", "b", "a", "a", "y", "y", "y"]))
+    got = run(transforms.sessionize, returning, gap_seconds=60.0, has_session_id=True)
+    assert got[SESSION_INDEX].to_list() == [0, 1, 1, 2, 0, 0, 0, 0]
+    # neither ids nor a gap: no session column
+    assert_frame_equal(
+        run(transforms.sessionize, events, gap_seconds=None, has_session_id=False), events
+    )
+
+
+# -- the pipeline's order of steps -------------------------------------------------------------
+
+
+def test_chain_sort_label_filter_kcore_truncate_position():
     events = frame(
         [
             ("u2", 1, "view", 4, None),
             ("u1", 1, "view", 2, None),
             ("u1", 1, "view", 2, None),  # duplicate: u1 then has one event and is filtered out
             ("u2", 2, "cart", 1, None),
+            ("u2", 3, "view", 0, None),  # u2's oldest event: truncated by max_events=2
         ]
-    )
-    out = (
+    ).with_columns(pl.lit(None, dtype=pl.String).alias(PROBLEM))
+    clean = (
         events.lazy()
-        .pipe(transforms.dedupe)
-        .pipe(transforms.filter_min_user_events, min_events=2)
         .pipe(transforms.sort_events)
+        .pipe(transforms.label_duplicates)
+        .filter(pl.col(PROBLEM).is_null())
+        .drop(PROBLEM)
+        .collect()
+    )
+    users, items, _ = transforms.kcore_members(clean.lazy(), min_user_events=2, min_item_events=1)
+    out = (
+        clean.lazy()
+        .pipe(transforms.filter_members, users, items)
+        .pipe(transforms.keep_last_events, max_events=2)
         .pipe(transforms.add_position)
         .collect()
     )
-    expected = frame([("u2", 2, "cart", 1, None), ("u2", 1, "view", 4, None)]).with_columns(
-        pl.Series(POSITION, [0, 1], dtype=pl.Int32)
+    expected = (
+        events[[3, 0]].drop(PROBLEM).with_columns(pl.Series(POSITION, [0, 1], dtype=pl.Int32))
     )
     assert_frame_equal(out, expected)
 
 
 @pytest.mark.parametrize(
-    "transform", [transforms.dedupe, transforms.sort_events, transforms.add_position]
+    ("transform", "kwargs"),
+    [
+        (transforms.dedupe, {}),
+        (transforms.sort_events, {}),
+        (transforms.add_position, {}),
+        (transforms.label_duplicates, {}),
+        (transforms.clip_window, {"start": T0, "end": t(5)}),
+        (transforms.keep_last_events, {"max_events": 2}),
+        (transforms.sessionize, {"gap_seconds": 60.0, "has_session_id": False}),
+    ],
 )
-def test_transforms_on_empty_frame(transform):
-    empty = frame([])
-    assert run(transform, empty).height == 0
+def test_transforms_on_empty_frame(transform, kwargs):
+    empty = frame([]).with_columns(pl.lit(None, dtype=pl.String).alias(PROBLEM))
+    assert run(transform, empty, **kwargs).height == 0

@@ -27,14 +27,15 @@ def scoring_setup(tmp_path_factory):
     torch.manual_seed(0)
     encoder = ATRank(
         num_items=vocab.num_items,
-        num_categories=vocab.num_categories,
+        num_attributes=vocab.num_attributes,
+        item_attribute_width=vocab.attribute_width,
         num_behaviors=vocab.num_behaviors,
         num_time_buckets=17,
         max_seq_len=12,
         d_model=16,
         num_layers=1,
     ).eval()
-    encoder.set_item_categories(torch.tensor(vocab.item_category_table()))
+    encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
     from recsys.data.sequences import TimeBuckets
 
     model = LoadedModel(
@@ -153,6 +154,7 @@ def test_seen_items_matrix():
             "timestamp": [[1, 2, 3], [4]],
             "train_end": [3, 1],
             "val_target": [-1, -1],
+            "test_start": [3, 1],
             "test_target": [-1, -1],
         },
         schema_overrides={
@@ -160,6 +162,7 @@ def test_seen_items_matrix():
             "behavior": pl.List(pl.Int8),
             "train_end": pl.Int32,
             "val_target": pl.Int32,
+            "test_start": pl.Int32,
             "test_target": pl.Int32,
         },
     )
