@@ -33,6 +33,9 @@ def test_many_partitions_equal_one(log, tmp_path, split):
     many = rd.prepare(
         log, tmp_path / "many", split={"method": split}, partition_rows=1000, **OPTIONS
     )
+    for ds in (one, many):  # every history is in time order
+        times = ds.sequences()["timestamp"]
+        assert (times.list.eval(pl.element().diff().min()).explode().fill_null(0) >= 0).all()
     assert one.stats["partitions"] == 1
     assert many.stats["partitions"] == -(-log.height // 1000)
     assert_frame_equal(one.sequences().sort("user_id"), many.sequences().sort("user_id"))
