@@ -218,6 +218,10 @@ class _Partitions:
     def path(self, name: str, index: int) -> Path:
         return self.work / name / f"part-{index:05d}.parquet"
 
+    def write(self, frame: pl.DataFrame, name: str, index: int) -> None:
+        # work files are read once and deleted: fast compression beats small files
+        frame.write_parquet(self.path(name, index), compression="lz4")
+
     def scan(self, name: str) -> pl.LazyFrame:
         return pl.scan_parquet(self.work / name / "*.parquet")
 
@@ -292,7 +296,9 @@ def _prepare(
     )
     try:
         typed.sink_parquet(
-            pl.PartitionBy(parts.stage("typed"), key=_PART, include_key=False), mkdir=True
+            pl.PartitionBy(parts.stage("typed"), key=_PART, include_key=False),
+            mkdir=True,
+            compression="lz4",
         )
     except pl.exceptions.PolarsError as err:
         raise DataError(f"{name} could not be read: {err}") from err
@@ -327,14 +333,14 @@ def _prepare(
                 schema=schema,
             )
         counters["duplicate"] += duplicates.height
-        df.filter(pl.col(PROBLEM).is_not_null()).write_parquet(parts.path("quarantine", index))
+        parts.write(df.filter(pl.col(PROBLEM).is_not_null()), "quarantine", index)
         good = df.filter(pl.col(PROBLEM).is_null()).drop(PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE)
         kept = good.lazy().pipe(
             transforms.clip_window, start=settings.window_start, end=settings.window_end
         )
         kept = kept.collect()
         counters["outside_window"] += good.height - kept.height
-        kept.write_parquet(parts.path("clean", index))
+        parts.write(kept, "clean", index)
 
     for folder in ("quarantine", "clean", "final", "positions", "sequences"):
         parts.stage(folder).mkdir(parents=True)
@@ -352,8 +358,8 @@ def _prepare(
 
     # 3. k-core membership (global), then per-user steps per partition
     members = None
-    iterations = 0
-    if settings.min_user_events > 1 or settings.min_item_events > 1:
+    iterations = 1 if settings.min_user_events > 1 else 0  # a user filter is one local pass
+    if settings.min_item_events > 1:  # otherwise the user filter is local to each partition
         users, item_ids, iterations = transforms.kcore_members(
             parts.scan("clean"),
             min_user_events=settings.min_user_events,
@@ -366,10 +372,12 @@ def _prepare(
     def finalize(index: int) -> None:
         events = pl.read_parquet(parts.path("clean", index))
         kept = (
-            events
+            events.lazy().pipe(
+                transforms.filter_min_user_events, min_events=settings.min_user_events
+            )
             if members is None
-            else events.lazy().pipe(transforms.filter_members, *members).collect()
-        )
+            else events.lazy().pipe(transforms.filter_members, *members)
+        ).collect()
         final = (
             kept.lazy()
             .pipe(transforms.keep_last_events, max_events=settings.max_user_events)
@@ -383,7 +391,7 @@ def _prepare(
         )
         counters["kcore"] += events.height - kept.height
         counters["truncated"] += kept.height - final.height
-        final.write_parquet(parts.path("final", index))
+        parts.write(final, "final", index)
 
     parts.map("filter", finalize)
     shutil.rmtree(parts.stage("clean"))
@@ -411,7 +419,7 @@ def _prepare(
     def split(index: int) -> None:
         events = pl.scan_parquet(parts.path("final", index))
         positions = split_positions(events, settings.split, points).collect()
-        positions.write_parquet(parts.path("positions", index))
+        parts.write(positions, "positions", index)
 
     parts.map("split", split)
     positions = parts.scan("positions")
@@ -448,7 +456,7 @@ def _prepare(
         sequences, counts = _drop_unknown_targets(sequences)
         for key, value in counts.items():
             unknown_targets[key] += value
-        sequences.write_parquet(parts.path("sequences", index))
+        parts.write(sequences, "sequences", index)
 
     parts.map("encode", encode)
     sequences = parts.scan("sequences")

@@ -28,11 +28,13 @@ def sort_events(lf: pl.LazyFrame) -> pl.LazyFrame:
 
 def label_duplicates(lf: pl.LazyFrame) -> pl.LazyFrame:
     """Label repeats of an identical event (same user, item, event type and timestamp) with
-    ``_problem = "duplicate"``, keeping the first in input order unlabelled.
+    ``_problem = "duplicate"``, keeping the first in input order unlabelled (``lf`` sorted
+    by :func:`sort_events`).
 
     Example: rows 4 and 9 are both ``(u1, i7, view, 10:00)`` -> row 9 is the duplicate.
     """
-    first = pl.col(ROW).rank("ordinal").over(DUPLICATE_KEY) == 1
+    # frame order is (user, time, input row) after sort_events, so "first" is the earliest row
+    first = pl.struct(DUPLICATE_KEY).is_first_distinct()
     return lf.with_columns(
         pl.when(pl.col(PROBLEM).is_null() & ~first)
         .then(pl.lit("duplicate"))
@@ -83,6 +85,14 @@ def kcore_members(
         f"k-core filtering did not converge in {max_iterations} rounds "
         f"(min_user_events={min_user_events}, min_item_events={min_item_events})"
     )
+
+
+def filter_min_user_events(lf: pl.LazyFrame, *, min_events: int) -> pl.LazyFrame:
+    """Keep users with at least ``min_events`` events: the k-core when items have no
+    threshold, computed per user without a pass over the whole log."""
+    if min_events <= 1:
+        return lf
+    return lf.filter(pl.len().over(USER) >= min_events)
 
 
 def filter_members(lf: pl.LazyFrame, users: pl.DataFrame, items: pl.DataFrame) -> pl.LazyFrame:

@@ -88,7 +88,7 @@ class Vocab:
         ``min_item_count`` times map to UNK; an item keeps its ``max_item_attributes`` most
         frequent attributes.
         """
-        key = pl.col(ATTRIBUTES).list.sort().list.join(_SEP)
+        key = pl.col(ATTRIBUTES).list.join(_SEP)
         pairs = (
             train.group_by(ITEM, key.alias(_KEY))
             .agg(pl.len().alias("_n"))
