@@ -664,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
                     )  # fmt: skip
                 if not args.keep_data:
                     shutil.rmtree(out_dir, ignore_errors=True)
+                # a killed job leaves recsys' staging folder (.<name>.<random>) behind
+                for stale in out_dir.parent.glob(f".{out_dir.name}.*"):
+                    shutil.rmtree(stale, ignore_errors=True)
                 failed = [r for r in runs if "error" in r]
                 if failed:
                     row = {**failed[0], "size": name, "n_events": n_events}

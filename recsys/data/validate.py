@@ -199,6 +199,15 @@ def attribute_list(
     return pl.when(cleaned.list.len() > 0).then(cleaned).otherwise(None)
 
 
+def _map_behaviors(raw: pl.Expr, aliases: dict[str, str]) -> pl.Expr:
+    """Raw event name -> behaviour (null when unknown). A when/then chain over the handful of
+    names: ``replace_strict`` held ~9.6 GiB on a 100 M-row streaming pass, this ~1 GiB."""
+    mapped = pl.when(raw == next(iter(aliases))).then(pl.lit(aliases[next(iter(aliases))]))
+    for name, behavior in list(aliases.items())[1:]:
+        mapped = mapped.when(raw == name).then(pl.lit(behavior))
+    return mapped.otherwise(pl.lit(None, dtype=pl.String))
+
+
 def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
     """Cast a canonical-named log to canonical types (lazy; bad values become nulls here and
     are labelled by :func:`classify`).
@@ -225,9 +234,7 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
         raw_type = pl.col(EVENT_TYPE).cast(pl.String)
         columns += [
             raw_type.alias(RAW_EVENT_TYPE),
-            raw_type.replace_strict(aliases, default=None, return_dtype=pl.String).alias(
-                EVENT_TYPE
-            ),
+            _map_behaviors(raw_type, aliases).alias(EVENT_TYPE),
         ]
     else:
         columns += [
