@@ -39,8 +39,6 @@ SETTINGS_KEYS = {
     "partition_rows",
 }
 ITEM_KEYS = {"item_columns"}
-# keys of the data config that are not about preparation (sources, model input, loaders)
-OTHER_KEYS = {"name", "source", "items", "max_seq_len", "prepared_dir", "loader"}
 DEFAULT_COLUMNS = {USER: USER, ITEM: ITEM, TIMESTAMP: TIMESTAMP, EVENT_TYPE: EVENT_TYPE}
 
 

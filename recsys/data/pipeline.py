@@ -523,8 +523,6 @@ def _prepare(
         "as_of": as_of.isoformat(),
         "ordered_by": "timestamp" if schema.has(TIMESTAMP) else "input order",
         "time_buckets": asdict(settings.time_buckets),
-        "min_user_events": settings.min_user_events,
-        "min_item_count": settings.min_item_count,
         "schema": schema.to_dict(),
         "first_event": summary["first"][0].isoformat(),
         "last_event": summary["last"][0].isoformat(),

@@ -21,6 +21,11 @@ SESSION_INDEX = "session"  # 0-based session number within the user's history
 DUPLICATE_KEY = (USER, ITEM, EVENT_TYPE, TIMESTAMP)
 
 
+def _first_occurrence() -> pl.Expr:
+    """True for the first row (in frame order) of each identical event."""
+    return pl.struct(DUPLICATE_KEY).is_first_distinct()
+
+
 def sort_events(lf: pl.LazyFrame) -> pl.LazyFrame:
     """Order by user, then time, then input row (the documented tie rule)."""
     return lf.sort([USER, TIMESTAMP, ROW])
@@ -34,7 +39,7 @@ def label_duplicates(lf: pl.LazyFrame) -> pl.LazyFrame:
     Example: rows 4 and 9 are both ``(u1, i7, view, 10:00)`` -> row 9 is the duplicate.
     """
     # frame order is (user, time, input row) after sort_events, so "first" is the earliest row
-    first = pl.struct(DUPLICATE_KEY).is_first_distinct()
+    first = _first_occurrence()
     return lf.with_columns(
         pl.when(pl.col(PROBLEM).is_null() & ~first)
         .then(pl.lit("duplicate"))
@@ -44,8 +49,9 @@ def label_duplicates(lf: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def dedupe(lf: pl.LazyFrame) -> pl.LazyFrame:
-    """Drop repeats of an identical event, keeping the first in input order."""
-    return lf.unique(subset=list(DUPLICATE_KEY), keep="first", maintain_order=True)
+    """Drop repeats of an identical event, keeping the first in frame order (the same rule
+    as :func:`label_duplicates`, for callers that need no quarantine)."""
+    return lf.filter(_first_occurrence())
 
 
 def clip_window(lf: pl.LazyFrame, *, start=None, end=None) -> pl.LazyFrame:
