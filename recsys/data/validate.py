@@ -264,7 +264,10 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
 
 
 def classify(lf: pl.LazyFrame, *, as_of: datetime) -> pl.LazyFrame:
-    """Add ``_problem``: the first problem kind of each row, null for a good row (lazy)."""
+    """Add ``_problem``: the first problem kind of each row, null for a good row (lazy).
+
+    The raw timestamp and event type are kept for bad rows only (a good row's typed values
+    are exact), so good rows do not carry their timestamp text through the pipeline."""
     ts = pl.col(TIMESTAMP)
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     problem = (
@@ -280,7 +283,11 @@ def classify(lf: pl.LazyFrame, *, as_of: datetime) -> pl.LazyFrame:
         .then(pl.lit("future_timestamp"))
         .otherwise(pl.lit(None, dtype=pl.String))
     )
-    return lf.with_columns(problem.alias(PROBLEM))
+    bad = pl.col(PROBLEM).is_not_null()
+    return lf.with_columns(problem.alias(PROBLEM)).with_columns(
+        pl.when(bad).then(pl.col(RAW_TIMESTAMP)).alias(RAW_TIMESTAMP),
+        pl.when(bad).then(pl.col(RAW_EVENT_TYPE)).alias(RAW_EVENT_TYPE),
+    )
 
 
 def problem_summary(classified: pl.LazyFrame) -> dict[str, int]:

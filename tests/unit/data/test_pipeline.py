@@ -176,8 +176,9 @@ def test_quarantine_file_holds_the_rows_set_aside(tmp_path):
     )
     assert len(rows) == duplicates
     assert_frame_equal(quarantine.select(expected.columns), expected)
-    assert quarantine["raw_event_type"].to_list() == quarantine[EVENT_TYPE].to_list()
-    assert quarantine["raw_timestamp"].null_count() == 0
+    # a duplicate's typed values are exact: raw values are kept for unreadable ones only
+    assert quarantine["raw_event_type"].null_count() == quarantine.height
+    assert quarantine["raw_timestamp"].null_count() == quarantine.height
 
 
 def test_quarantine_file_of_a_clean_log_is_empty_and_typed(tmp_path):

@@ -60,12 +60,14 @@ def test_dedupe_drops_exact_repeats_and_keeps_the_first():
             ("u1", 8, "view", 0, ["c1"]),  # other item: kept
         ]
     )
-    assert_frame_equal(run(transforms.dedupe, events), events[[0, 1, 3, 4, 6]])
+    got = run(lambda lf: lf.pipe(transforms.sort_events).pipe(transforms.dedupe), events)
+    assert_frame_equal(got, run(transforms.sort_events, events[[0, 1, 3, 4, 6]]))
 
 
 def test_dedupe_without_repeats_is_identity():
     events = frame([("u1", 1, "view", 3, None), ("u1", 1, "view", 2, None)])
-    assert_frame_equal(run(transforms.dedupe, events), events)
+    got = run(lambda lf: lf.pipe(transforms.sort_events).pipe(transforms.dedupe), events)
+    assert_frame_equal(got, run(transforms.sort_events, events))
 
 
 def test_label_duplicates_marks_all_but_the_first_input_row():
@@ -394,3 +396,25 @@ def test_chain_sort_label_filter_kcore_truncate_position():
 def test_transforms_on_empty_frame(transform, kwargs):
     empty = frame([]).with_columns(pl.lit(None, dtype=pl.String).alias(PROBLEM))
     assert run(transform, empty, **kwargs).height == 0
+
+
+def test_dedupe_matches_a_plain_first_distinct_on_many_ties():
+    """The tie-run shortcut gives exactly the rows a first-distinct over every row's key
+    gives, on a log made almost entirely of same-second ties and interleaved repeats."""
+    import random
+
+    rng = random.Random(7)
+    rows = [
+        (
+            f"u{rng.randrange(4)}",
+            rng.randrange(3),
+            rng.choice(["view", "cart"]),
+            rng.randrange(3),
+            None,
+        )
+        for _ in range(400)
+    ]
+    events = frame(rows).lazy().pipe(transforms.sort_events).collect()
+    expected = events.filter(pl.struct(transforms.DUPLICATE_KEY).is_first_distinct())
+    assert 0 < expected.height < events.height
+    assert_frame_equal(run(transforms.dedupe, events), expected)
