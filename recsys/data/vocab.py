@@ -194,6 +194,11 @@ class Vocab:
         rows += [r + [PAD_IDX] * (width - len(r)) for r in self.items[ATTRIBUTE_INDICES].to_list()]
         return rows
 
+    def item_train_counts(self) -> list[int]:
+        """Training-window event count of every item index (0 for PAD and UNK): popularity
+        baselines, popularity-sampled negatives."""
+        return [0, 0, *self.items[TRAIN_COUNT].to_list()]
+
     def item_ids(self) -> list:
         """Raw item id for every item index; PAD and UNK are ``None``."""
         return [None, None, *self.items[ITEM].to_list()]

@@ -276,6 +276,16 @@ class ATRank(nn.Module):
             keys = self.item_keys()
         return query @ keys.T + (self.item_bias + self.never_recommended)  # (..., I)
 
+    def score_candidates(self, query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Retrieval scores ``query · key + bias`` of chosen items only (sampled losses, sampled
+        metrics), without building the whole key table.
+
+        Shapes: query (M, D); items (M, K) per-row candidates, or (K,) shared by every row.
+        Returns (M, K); PAD and UNK candidates are -inf.
+        """
+        keys = self.target_projection(self.embedding.item_features(items))  # (..., K, D)
+        return _candidate_scores(query, keys, items, bias=self.item_bias)
+
     def rerank_scores(
         self,
         output: EncoderOutput,
@@ -315,3 +325,18 @@ class ATRank(nn.Module):
         if return_attention:
             return scores, weights
         return scores
+
+
+def _candidate_scores(
+    query: torch.Tensor, keys: torch.Tensor, items: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Shapes: query (M, D); items (M, K) with keys (M, K, D), or items (K,) with keys (K, D)
+    shared by every row -> scores (M, K), -inf for PAD/UNK candidates."""
+    if items.dim() == 1:
+        scores = query @ keys.T  # (M, K)
+        items = items.expand(query.shape[0], -1)
+    else:
+        scores = torch.bmm(keys, query[:, :, None]).squeeze(-1)  # (M, K)
+    if bias is not None:
+        scores = scores + bias[items]
+    return scores.masked_fill(items < NUM_RESERVED, float("-inf"))

@@ -20,6 +20,7 @@ class Popularity(nn.Module):
 
     def __init__(self, train_counts: torch.Tensor):
         super().__init__()
+        self.num_items = len(train_counts)
         scores = train_counts.double().log1p().float().clone()
         scores[:NUM_RESERVED] = -math.inf
         self.register_buffer("item_scores", scores)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from recsys.model.outputs import EncoderOutput
+from recsys.schema import NUM_RESERVED
 
 
 @dataclass
@@ -27,10 +28,28 @@ class Ranking:
     reranked: torch.Tensor
 
 
+SEEN_POLICIES = ("keep", "exclude", "zero")
+
+
 def exclude_items(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     """Set the scores of ``items`` (B, T), e.g. a user's history, to ``-inf`` (PAD entries are
     harmless: PAD is never recommended). Returns a new tensor."""
     return scores.scatter(1, items, -math.inf)
+
+
+def apply_seen_policy(scores: torch.Tensor, history: torch.Tensor, policy: str) -> torch.Tensor:
+    """What happens to the scores (B, I) of the items in each row's ``history`` (B, T):
+    ``keep``; ``exclude`` (-inf: never ranked); ``zero`` (0, as the S3-Rec family's evaluation
+    code does: items with negative scores still rank below them). PAD and UNK stay -inf."""
+    if policy == "keep":
+        return scores
+    if policy == "exclude":
+        return exclude_items(scores, history)
+    if policy == "zero":
+        zeroed = scores.scatter(1, history, 0.0)
+        zeroed[:, :NUM_RESERVED] = -math.inf
+        return zeroed
+    raise ValueError(f"seen_items={policy!r} is not supported: choose one of {SEEN_POLICIES}")
 
 
 def retrieval_scores(
@@ -48,12 +67,15 @@ def two_stage(
     top_k: int,
     rerank_top_n: int,
     exclude: torch.Tensor | None = None,
+    scores: torch.Tensor | None = None,
 ) -> Ranking:
     """Rank ``max(top_k, rerank_top_n)`` items per row; the first ``rerank_top_n`` retrieved
-    are re-ordered by ``model.rerank_scores`` (0 turns stage 2 off)."""
+    are re-ordered by ``model.rerank_scores`` (0 turns stage 2 off). ``scores`` (B, I): stage
+    1 scores already computed (and adjusted), instead of ``retrieval_scores(..., exclude)``."""
     if top_k < 1 or rerank_top_n < 0:
         raise ValueError(f"top_k={top_k} must be >= 1 and rerank_top_n={rerank_top_n} >= 0")
-    scores = retrieval_scores(model, output, exclude=exclude)
+    if scores is None:
+        scores = retrieval_scores(model, output, exclude=exclude)
     depth = min(max(top_k, rerank_top_n), scores.shape[1])
     top_scores, top_items = scores.topk(depth, dim=1)  # (B, depth)
     reranked = torch.zeros_like(top_items, dtype=torch.bool)

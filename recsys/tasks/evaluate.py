@@ -17,9 +17,10 @@ from omegaconf import DictConfig
 
 from recsys.checkpoint import LoadedModel, load_checkpoint
 from recsys.data.datamodule import SeqRecDataModule
+from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
-from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
+from recsys.tasks.train import data_arguments
 from recsys.tracking import Tracker, use_tracker
 from recsys.training.evaluation import evaluate, pick_device
 from recsys.training.module import SeqRecModule
@@ -42,29 +43,37 @@ def load_model(ref: str | Path, logger_cfg) -> LoadedModel:
     return load_checkpoint(checkpoints[0])
 
 
-def train_counts(model: LoadedModel) -> torch.Tensor:
-    """Training-window event count per item index (0 for PAD and UNK)."""
-    counts = torch.zeros(model.vocab.num_items, dtype=torch.long)
-    counts[NUM_RESERVED:] = torch.tensor(model.vocab.items["train_count"].to_list())
-    return counts
-
-
 def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:
-    """How the numbers were measured, stamped on the run."""
+    """How the numbers were measured, stamped on the run (and in the benchmark table)."""
     split = datamodule.stats["split"]
+    sampled = cfg.training.get("sampled_metrics")
     return {
         "protocol.split": split["method"],
         "protocol.target_behaviors": str(split["target_behaviors"] or "any"),
         "protocol.candidates": "all items",
-        "protocol.seen_items": "excluded" if cfg.training.exclude_seen else "kept",
+        "protocol.sampled_candidates": (
+            f"target + {sampled.num_negatives} {sampled.sampler} negatives (sampled_*, auc)"
+            if sampled
+            else "none"
+        ),
+        "protocol.seen_items": SEEN_ITEMS_WORDS[cfg.training.seen_items],
         "protocol.max_seq_len": str(datamodule.max_seq_len),
         "data.fingerprint": datamodule.stats["fingerprint"],
     }
 
 
-def _evaluation_module(cfg: DictConfig, encoder: torch.nn.Module, **overrides) -> SeqRecModule:
+SEEN_ITEMS_WORDS = {
+    "keep": "kept",
+    "exclude": "excluded (-inf)",
+    "zero": "scored 0 (S3-Rec family)",
+}
+
+
+def _evaluation_module(
+    cfg: DictConfig, encoder: torch.nn.Module, vocab: Vocab, **overrides
+) -> SeqRecModule:
     return instantiate(cfg.training, _partial_=True)(
-        encoder=encoder, optimizer=None, scheduler=None, **overrides
+        encoder=encoder, optimizer=None, scheduler=None, **data_arguments(vocab), **overrides
     )
 
 
@@ -90,9 +99,14 @@ def run(
         )
     device = pick_device(cfg.trainer.accelerator)
     candidates = {
-        "": _evaluation_module(cfg, model.encoder),
+        "": _evaluation_module(cfg, model.encoder, model.vocab),
         # one stage: popularity has nothing to re-rank with
-        "popularity_": _evaluation_module(cfg, Popularity(train_counts(model)), rerank_top_n=0),
+        "popularity_": _evaluation_module(
+            cfg,
+            Popularity(torch.tensor(model.vocab.item_train_counts())),
+            model.vocab,
+            rerank_top_n=0,
+        ),
     }
     metrics: dict[str, float] = {}
     for split in splits:

@@ -16,6 +16,7 @@ from recsys.config import event_schema, to_container
 from recsys.data.datamodule import SeqRecDataModule
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
 from recsys.data.vocab import FILES as VOCAB_FILES
+from recsys.data.vocab import Vocab
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, use_tracker
 
@@ -57,6 +58,15 @@ def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Mod
     return encoder
 
 
+def data_arguments(vocab: Vocab) -> dict:
+    """What the training module needs from the data: behaviour names (for
+    ``training.behavior_weights``) and item training counts (popularity-sampled negatives)."""
+    return {
+        "behaviors": list(vocab.behaviors),
+        "item_counts": torch.tensor(vocab.item_train_counts(), dtype=torch.long),
+    }
+
+
 def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
     """Resolved config (flattened params + yaml), vocabularies and dataset statistics."""
     tracker.log_params(flatten(to_container(cfg)))
@@ -86,6 +96,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
     # a partial, so the (large, plain) checkpoint_extra is not copied into an OmegaConf node
     module = instantiate(cfg.training, _partial_=True)(
         encoder=encoder,
+        **data_arguments(datamodule.vocab),
         checkpoint_extra=checkpoint_extra(
             vocab=datamodule.vocab,
             schema=event_schema(cfg.data),

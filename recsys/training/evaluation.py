@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from recsys.training.metrics import MeanAccumulator
+from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
 
 
@@ -24,9 +24,11 @@ def pick_device(accelerator: str = "auto") -> torch.device:
 def evaluate(
     module: SeqRecModule, loader: DataLoader, *, device: torch.device, description: str = "eval"
 ) -> dict[str, float]:
-    """Mean of every per-row metric of ``module.evaluation_metrics`` over ``loader``."""
+    """Mean of every per-row metric of ``module.evaluation_metrics`` over ``loader``, and the
+    catalogue coverage of the rows' top K."""
     module = module.to(device).eval()
     totals = MeanAccumulator()
+    coverage = CoverageAccumulator(module.encoder.num_items, module.metric_ks)
     for batch in tqdm(loader, desc=description, leave=False, mininterval=2.0):
-        totals.update(module.evaluation_metrics(batch.to(device)))
-    return totals.compute()
+        totals.update(module.evaluation_metrics(batch.to(device), coverage))
+    return {**totals.compute(), **coverage.compute()}

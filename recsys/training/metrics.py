@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import torch
 
+from recsys.schema import NUM_RESERVED
+
 
 def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Shapes: scores (B, I), target (B,) -> ranks (B,) long, 1-based.
@@ -32,15 +34,57 @@ def rank_in_list(ranked_items: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 
 def ranking_metrics(ranks: torch.Tensor, ks: Iterable[int]) -> dict[str, torch.Tensor]:
-    """Per-row HR@K, NDCG@K and MRR@K for each K: ``{"hr_at_10": (B,) float, ...}``."""
+    """Per-row HR@K, NDCG@K and MRR@K for each K, and the uncut MRR:
+    ``{"hr_at_10": (B,) float, ..., "mrr": (B,)}``."""
     ranks = ranks.float()
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {"mrr": 1.0 / ranks}
     for k in ks:
         inside = ranks <= k
         out[f"hr_at_{k}"] = inside.float()
         out[f"ndcg_at_{k}"] = torch.where(inside, 1.0 / torch.log2(ranks + 1.0), 0.0)
         out[f"mrr_at_{k}"] = torch.where(inside, 1.0 / ranks, 0.0)
     return out
+
+
+def sampled_ranks(
+    scores: torch.Tensor, target: torch.Tensor, negatives: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's rank among itself and sampled negatives, and ATRank's AUC.
+
+    Shapes: scores (B, I) retrieval scores; target (B,); negatives (B, N) item indices;
+    valid (B, N) bool (False: a negative that collided with the target or the history and is
+    left out). Returns ranks (B,) (1 + valid negatives scoring strictly higher) and auc (B,),
+    the share of valid negatives the target outscores (ties count 1/2): ATRank's metric is the
+    same comparison with one negative, so its expectation is this AUC.
+    """
+    target_score = scores.gather(1, target[:, None])  # (B, 1)
+    negative_scores = scores.gather(1, negatives)  # (B, N)
+    higher = (negative_scores > target_score) & valid
+    ties = (negative_scores == target_score) & valid
+    ranks = 1 + higher.sum(dim=1)
+    count = valid.sum(dim=1).clamp(min=1)
+    auc = ((valid & ~higher & ~ties).sum(dim=1) + 0.5 * ties.sum(dim=1)) / count
+    return ranks, auc.float()
+
+
+class CoverageAccumulator:
+    """Catalogue coverage: the share of real items that appear in at least one user's top K."""
+
+    def __init__(self, num_items: int, ks: Iterable[int]) -> None:
+        self.ks = tuple(ks)
+        self.num_real = num_items - NUM_RESERVED
+        self.best_rank = torch.full((num_items,), torch.iinfo(torch.long).max)
+
+    def update(self, top_items: torch.Tensor) -> None:
+        """Shapes: top_items (B, K) best first, K >= max(ks)."""
+        depth = top_items.shape[1]
+        rank = torch.arange(1, depth + 1).expand_as(top_items).reshape(-1)
+        items = top_items.reshape(-1).cpu()
+        self.best_rank.scatter_reduce_(0, items, rank, reduce="amin")
+
+    def compute(self) -> dict[str, float]:
+        real = self.best_rank[NUM_RESERVED:]
+        return {f"coverage_at_{k}": float((real <= k).sum()) / self.num_real for k in self.ks}
 
 
 class MeanAccumulator:

@@ -1,21 +1,37 @@
 """The LightningModule: losses, metric logging and optimiser wiring — the model math lives in
-:mod:`recsys.model`, the ranking in :mod:`recsys.retrieval`.
+:mod:`recsys.model`, the losses in :mod:`recsys.training.losses`, the ranking in
+:mod:`recsys.retrieval`.
 
-Training trains every position at once: the full-softmax cross-entropy of each position's next
-item over the whole catalogue (Klenitskiy & Vasilev 2023), plus — when ``rerank_top_n > 1`` —
-a re-rank loss for the target attention head on the last position: a softmax over the true
-next item and the retrieval stage's top ``rerank_top_n - 1`` other items (the hard candidates
-it will face at inference).
+Training objective (``objective``):
+
+- ``retrieval`` (default): every position at once (causal encoders; a non-causal one trains its
+  last position only) scores its next item with ``query · key + bias``, with any loss of
+  :mod:`recsys.training.losses`: ``full_softmax`` over the whole catalogue, or
+  ``sampled_softmax`` / ``bce`` / ``gbce`` against ``num_negatives`` sampled items. With
+  ``rerank_top_n > 1`` a re-rank loss trains the target-attention head on the last position:
+  a softmax over the true next item and the retrieval stage's top ``rerank_top_n - 1`` others.
+- ``target_attention`` (ATRank's reference code): the last position's next item and
+  ``num_negatives`` sampled items are scored by the target-attention head (candidate as the
+  query over the history); a sampled loss, typically ``bce`` with one negative.
+
+``behavior_weights`` ({behaviour name: weight}) weighs each target by its behaviour (0 drops
+it): "predict the next purchase from views, carts and purchases" is ``{purchase: 1}``.
+
+Evaluation ranks the whole catalogue; ``seen_items`` says what happens to the items of the
+input history: ``keep``, ``exclude`` (score -inf: never ranked) or ``zero`` (score 0: the S3-Rec
+family's code, P1). ``sampled_metrics`` adds HR/NDCG against N sampled negatives and ATRank's
+AUC, for comparison with papers that used only those.
 
 Metric names are stable and MLflow-safe: ``train/loss``, ``val/ndcg_at_10``,
-``val/retrieval_hr_at_10``, ``test/mrr_at_20``, ... (``retrieval_`` = stage 1 alone, exact full
-rank; unprefixed = the two-stage ranking that users get).
+``val/retrieval_hr_at_10``, ``test/mrr``, ``val/coverage_at_10``, ``test/sampled_ndcg_at_10``,
+``test/auc`` (``retrieval_`` = stage 1 alone, exact full rank; unprefixed = the two-stage ranking
+that users get; ``sampled_`` and ``auc`` use the retrieval scores).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytorch_lightning as pl
@@ -25,33 +41,63 @@ from torch import nn
 
 from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
-from recsys.retrieval.ranker import retrieval_scores, two_stage
-from recsys.schema import UNK_IDX
-from recsys.training.metrics import rank_in_list, ranking_metrics, target_ranks
+from recsys.retrieval.ranker import SEEN_POLICIES, apply_seen_policy, two_stage
+from recsys.schema import NUM_RESERVED, UNK_IDX
+from recsys.training import losses
+from recsys.training.metrics import (
+    CoverageAccumulator,
+    rank_in_list,
+    ranking_metrics,
+    sampled_ranks,
+    target_ranks,
+)
+
+OBJECTIVES = ("retrieval", "target_attention")
 
 
 class SeqRecModule(pl.LightningModule):
     """Wraps an encoder with the ``ATRank`` interface (``forward``, ``score_items``,
-    ``rerank_scores``, ``config``).
+    ``score_candidates``, ``rerank_scores``, ``config``).
 
     ``optimizer`` / ``scheduler`` are partials (Hydra ``_partial_: true``) called with the
-    parameters / optimizer. ``checkpoint_extra`` (vocabulary, schema, time buckets, ...) is
-    stored in every checkpoint under ``"recsys"`` with the encoder's class and arguments.
+    parameters / optimizer. ``behaviors`` (behaviour names by vocabulary index, from index 2)
+    and ``item_counts`` (training count per item index) come from the data; the popularity
+    sampler and ``behavior_weights`` need them. ``checkpoint_extra`` (vocabulary, schema,
+    time buckets, ...) is stored in every checkpoint under ``"recsys"`` with the encoder's
+    class and arguments.
     """
 
     def __init__(
         self,
         encoder: nn.Module,
-        optimizer: Callable[..., torch.optim.Optimizer],
+        optimizer: Callable[..., torch.optim.Optimizer] | None,
         scheduler: Callable[..., Any] | None = None,
         *,
+        loss: str = "full_softmax",
+        num_negatives: int = 256,
+        negative_sampler: str = "uniform",
+        shared_negatives: bool = True,
+        gbce_t: float = 0.75,
+        objective: str = "retrieval",
+        behavior_weights: Mapping[str, float] | None = None,
+        behaviors: Sequence[str] = (),
+        item_counts: torch.Tensor | None = None,
         metric_ks: Sequence[int] = (5, 10, 20),
-        rerank_top_n: int = 50,
+        rerank_top_n: int = 0,
         rerank_loss_weight: float = 0.5,
-        exclude_seen: bool = False,
+        seen_items: str = "keep",
+        sampled_metrics: Mapping[str, Any] | None = None,
         checkpoint_extra: dict | None = None,
     ):
         super().__init__()
+        _choice("training.loss", loss, losses.LOSSES)
+        _choice("training.objective", objective, OBJECTIVES)
+        _choice("training.seen_items", seen_items, SEEN_POLICIES)
+        if objective == "target_attention" and loss == "full_softmax":
+            raise ValueError(
+                "training.objective=target_attention scores candidates one by one, so it needs "
+                "a sampled loss: training.loss=bce (ATRank), gbce or sampled_softmax"
+            )
         if rerank_top_n < 0 or rerank_loss_weight < 0:
             raise ValueError(
                 f"rerank_top_n={rerank_top_n} and rerank_loss_weight={rerank_loss_weight} "
@@ -64,20 +110,51 @@ class SeqRecModule(pl.LightningModule):
                 f"max(metric_ks)={max(metric_ks)} exceeds rerank_top_n={rerank_top_n}: "
                 "metrics of the two-stage ranking need the cutoff inside the re-ranked list"
             )
+        num_items = encoder.num_items
+        real_items = num_items - NUM_RESERVED
+        sampled = loss != "full_softmax" or objective == "target_attention"
+        if sampled and (
+            not isinstance(num_negatives, int) or not 1 <= num_negatives <= real_items - 1
+        ):
+            raise ValueError(
+                f"training.num_negatives={num_negatives!r} must be an integer in "
+                f"[1, {real_items - 1}] for this catalogue of {real_items} items"
+            )
         self.encoder = encoder
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
+        self.loss_name = loss
+        self.num_negatives = num_negatives
+        self.shared_negatives = bool(shared_negatives)
+        self.objective = objective
+        self.gbce_beta = (
+            losses.gbce_beta(num_negatives=num_negatives, num_items=real_items, t=gbce_t)
+            if loss == "gbce"
+            else 1.0
+        )
+        self.sampler = losses.NegativeSampler(num_items, negative_sampler, item_counts)
+        self.behavior_weight = _behavior_weights(behavior_weights, behaviors)
         self.metric_ks = tuple(int(k) for k in metric_ks)
         self.rerank_top_n = rerank_top_n
         self.rerank_loss_weight = rerank_loss_weight
-        self.exclude_seen = exclude_seen
+        self.seen_items = seen_items
+        self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
         self.checkpoint_extra = dict(checkpoint_extra or {})
+        self._coverage: dict[str, CoverageAccumulator] = {}
         self.save_hyperparameters(
             {
+                "loss": loss,
+                "num_negatives": num_negatives,
+                "negative_sampler": negative_sampler,
+                "shared_negatives": shared_negatives,
+                "gbce_t": gbce_t,
+                "objective": objective,
+                "behavior_weights": dict(behavior_weights or {}),
                 "metric_ks": list(self.metric_ks),
                 "rerank_top_n": rerank_top_n,
                 "rerank_loss_weight": rerank_loss_weight,
-                "exclude_seen": exclude_seen,
+                "seen_items": seen_items,
+                "sampled_metrics": dict(sampled_metrics or {}),
             }
         )
 
@@ -85,8 +162,39 @@ class SeqRecModule(pl.LightningModule):
         return self.encoder(*batch.model_inputs())
 
     # -- training ---------------------------------------------------------------------------
-    def training_step(self, batch: SeqBatch, batch_idx: int) -> torch.Tensor:
-        output = self(batch)
+    def _target_weight(self, behavior: torch.Tensor) -> torch.Tensor | None:
+        if self.behavior_weight is None:
+            return None
+        return self.behavior_weight.to(behavior.device)[behavior]
+
+    def _sampled_loss(
+        self,
+        positive: torch.Tensor,
+        negatives: torch.Tensor,
+        target: torch.Tensor,
+        negative_items: torch.Tensor,
+        weight: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Shapes: positive (M,), negatives (M, K) scores of negative_items (M, K) or (K,)."""
+        accidental = negative_items.expand_as(negatives) == target[:, None]
+        if self.loss_name == "sampled_softmax":
+            return losses.sampled_softmax(
+                positive,
+                negatives,
+                log_q_positive=self.sampler.log_q(target),
+                log_q_negatives=self.sampler.log_q(negative_items),
+                accidental=accidental,
+                weight=weight,
+            )
+        return losses.bce(
+            positive, negatives, accidental=accidental, weight=weight, beta=self.gbce_beta
+        )
+
+    def _draw_negatives(self, rows: int) -> torch.Tensor:
+        shape = (self.num_negatives,) if self.shared_negatives else (rows, self.num_negatives)
+        return self.sampler.sample(shape, device=self.device)
+
+    def _retrieval_loss(self, output, batch: SeqBatch) -> torch.Tensor:
         has_target = batch.target_item > UNK_IDX  # (B, T); UNK targets cannot be learned
         if not getattr(self.encoder, "causal", True):
             # a non-causal encoder sees position t+1 from position t: only the last position's
@@ -94,9 +202,48 @@ class SeqRecModule(pl.LightningModule):
             has_target = has_target & (
                 torch.arange(has_target.shape[1], device=self.device) == has_target.shape[1] - 1
             )
-        logits = self.encoder.score_items(output.hidden[has_target])  # (M, I)
-        loss = F.cross_entropy(logits.float(), batch.target_item[has_target])
-        self.log("train/ce_loss", loss, batch_size=len(batch), on_step=False, on_epoch=True)
+        if self.behavior_weight is not None:  # weight 0: not a target of this objective
+            has_target = has_target & (self._target_weight(batch.target_behavior) > 0)
+        weight = self._target_weight(batch.target_behavior[has_target])
+        hidden = output.hidden[has_target]  # (M, D)
+        target = batch.target_item[has_target]  # (M,)
+        if self.loss_name == "full_softmax":
+            return losses.full_softmax(self.encoder.score_items(hidden), target, weight)
+        negative_items = self._draw_negatives(len(target))
+        positive = self.encoder.score_candidates(hidden, target[:, None])[:, 0]
+        negatives = self.encoder.score_candidates(hidden, negative_items)
+        return self._sampled_loss(positive, negatives, target, negative_items, weight)
+
+    def _target_attention_loss(self, output, batch: SeqBatch) -> torch.Tensor:
+        target = batch.target_item[:, -1]  # (B,) the next item after the most recent event
+        behavior = batch.target_behavior[:, -1]
+        valid = target > UNK_IDX
+        if self.behavior_weight is not None:
+            valid = valid & (self._target_weight(behavior) > 0)
+        negative_items = self.sampler.sample((len(target), self.num_negatives), device=self.device)
+        candidates = torch.cat([target[:, None], negative_items], dim=1)  # (B, 1 + K)
+        scores = self.encoder.rerank_scores(output, candidates)[valid]
+        return self._sampled_loss(
+            scores[:, 0],
+            scores[:, 1:],
+            target[valid],
+            negative_items[valid],
+            self._target_weight(behavior[valid]),
+        )
+
+    def training_step(self, batch: SeqBatch, batch_idx: int) -> torch.Tensor:
+        output = self(batch)
+        if self.objective == "target_attention":
+            loss = self._target_attention_loss(output, batch)
+        else:
+            loss = self._retrieval_loss(output, batch)
+        self.log(
+            f"train/{self.loss_name}_loss",
+            loss,
+            batch_size=len(batch),
+            on_step=False,
+            on_epoch=True,
+        )
         if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
             rerank = self._rerank_loss(output, batch)
             self.log(
@@ -122,36 +269,65 @@ class SeqRecModule(pl.LightningModule):
         return F.cross_entropy(logits[valid].float(), labels[valid])
 
     # -- evaluation -------------------------------------------------------------------------
-    def evaluation_metrics(self, batch: SeqBatch) -> dict[str, torch.Tensor]:
-        """Per-row metrics of one evaluation batch (target = ``batch.target_item`` (B,))."""
+    def evaluation_metrics(
+        self, batch: SeqBatch, coverage: CoverageAccumulator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Per-row metrics of one evaluation batch (target = ``batch.target_item`` (B,)); the
+        two-stage top K of every row goes into ``coverage`` when given."""
         output = self(batch)
-        exclude = batch.item if self.exclude_seen else None
-        scores = retrieval_scores(self.encoder, output, exclude=exclude).float()
+        raw = self.encoder.score_items(output.query).float()  # (B, I)
+        scores = apply_seen_policy(raw, batch.item, self.seen_items)
         metrics = {
             f"retrieval_{name}": value
             for name, value in ranking_metrics(
                 target_ranks(scores, batch.target_item), self.metric_ks
             ).items()
         }
+        depth = max(self.metric_ks)
+        ranking = two_stage(
+            self.encoder, output, top_k=depth, rerank_top_n=self.rerank_top_n, scores=scores
+        )
         if self.rerank_top_n:
-            ranking = two_stage(
-                self.encoder,
-                output,
-                top_k=max(self.metric_ks),
-                rerank_top_n=self.rerank_top_n,
-                exclude=exclude,
-            )
             ranks = rank_in_list(ranking.items, batch.target_item)
-            metrics.update(ranking_metrics(ranks, self.metric_ks))
+            metrics.update(
+                {k: v for k, v in ranking_metrics(ranks, self.metric_ks).items() if k != "mrr"}
+            )
+            metrics["mrr"] = metrics["retrieval_mrr"]  # stage 2 only orders the top N
         else:
             metrics.update({k.removeprefix("retrieval_"): v for k, v in metrics.items()})
+        if coverage is not None:
+            coverage.update(ranking.items[:, :depth])
+        if self.sampled is not None:
+            metrics.update(self._sampled_metrics(raw, batch))
         return metrics
 
+    def _sampled_metrics(self, scores: torch.Tensor, batch: SeqBatch) -> dict[str, torch.Tensor]:
+        """HR/NDCG against ``num_negatives`` sampled items the user has not interacted with (in
+        the input window), and ATRank's AUC. Negatives are drawn from a generator seeded by the
+        batch's user rows, so every model is evaluated against the same negatives."""
+        sampler, count = self.sampled
+        generator = torch.Generator().manual_seed(int(batch.user_index.sum()) * 7919 + len(batch))
+        negatives = sampler.sample((len(batch), count), generator=generator, device=scores.device)
+        history = batch.item  # (B, T)
+        collides = (negatives[:, :, None] == history[:, None, :]).any(dim=2)
+        collides |= negatives == batch.target_item[:, None]
+        ranks, auc = sampled_ranks(scores, batch.target_item, negatives, ~collides)
+        sampled = ranking_metrics(ranks, self.metric_ks)
+        out = {f"sampled_{k}": v for k, v in sampled.items() if k.startswith(("hr", "ndcg"))}
+        out["auc"] = auc
+        return out
+
+    def _stage_coverage(self, stage: str) -> CoverageAccumulator:
+        if stage not in self._coverage:
+            self._coverage[stage] = CoverageAccumulator(self.encoder.num_items, self.metric_ks)
+        return self._coverage[stage]
+
     def _log_evaluation(self, stage: str, batch: SeqBatch) -> None:
-        for name, values in self.evaluation_metrics(batch).items():
+        values = self.evaluation_metrics(batch, self._stage_coverage(stage))
+        for name, value in values.items():
             self.log(
                 f"{stage}/{name}",
-                values.mean(),
+                value.mean(),
                 batch_size=len(batch),
                 on_step=False,
                 on_epoch=True,
@@ -159,14 +335,28 @@ class SeqRecModule(pl.LightningModule):
                 prog_bar=name == "ndcg_at_10",
             )
 
+    def _log_coverage(self, stage: str) -> None:
+        coverage = self._coverage.pop(stage, None)
+        if coverage is not None:
+            for name, value in coverage.compute().items():
+                self.log(f"{stage}/{name}", value, sync_dist=True)
+
     def validation_step(self, batch: SeqBatch, batch_idx: int) -> None:
         self._log_evaluation("val", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_coverage("val")
 
     def test_step(self, batch: SeqBatch, batch_idx: int) -> None:
         self._log_evaluation("test", batch)
 
+    def on_test_epoch_end(self) -> None:
+        self._log_coverage("test")
+
     # -- optimisation and checkpoints -------------------------------------------------------
     def configure_optimizers(self):
+        if self.optimizer_factory is None:
+            raise ValueError("this module was built for evaluation only (optimizer=None)")
         optimizer = self.optimizer_factory(params=self.parameters())
         if self.scheduler_factory is None:
             return optimizer
@@ -182,3 +372,53 @@ class SeqRecModule(pl.LightningModule):
             "encoder_config": dict(self.encoder.config),
             **self.checkpoint_extra,
         }
+
+
+def _choice(option: str, value: object, allowed: Sequence[object]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{option}={value!r} is not supported: choose one of {list(allowed)}")
+
+
+def _behavior_weights(
+    weights: Mapping[str, float] | None, behaviors: Sequence[str]
+) -> torch.Tensor | None:
+    """{name: weight} -> (NUM_RESERVED + G,) weights by behaviour index; unnamed ones get 0."""
+    if not weights:
+        return None
+    unknown = sorted(set(weights) - set(behaviors))
+    if unknown:
+        raise ValueError(
+            f"training.behavior_weights names {unknown}, which are not behaviours of this data "
+            f"{list(behaviors)}: use those names"
+        )
+    if any(not isinstance(w, (int, float)) or w < 0 for w in weights.values()) or not any(
+        weights.values()
+    ):
+        raise ValueError(
+            f"training.behavior_weights={dict(weights)} must be non-negative numbers, not all 0"
+        )
+    table = torch.zeros(NUM_RESERVED + len(behaviors))
+    for index, name in enumerate(behaviors):
+        table[NUM_RESERVED + index] = float(weights.get(name, 0.0))
+    return table
+
+
+def _sampled_settings(
+    settings: Mapping[str, Any] | None, num_items: int, item_counts: torch.Tensor | None
+) -> tuple[losses.NegativeSampler, int] | None:
+    if not settings:
+        return None
+    unknown = set(settings) - {"num_negatives", "sampler"}
+    if unknown:
+        raise ValueError(
+            f"training.sampled_metrics has unknown keys {sorted(unknown)}: use num_negatives "
+            "and sampler"
+        )
+    count = settings.get("num_negatives", 100)
+    if not isinstance(count, int) or not 1 <= count < num_items - NUM_RESERVED:
+        raise ValueError(
+            f"training.sampled_metrics.num_negatives={count!r} must be an integer in "
+            f"[1, {num_items - NUM_RESERVED - 1}]"
+        )
+    kind = settings.get("sampler", "uniform")
+    return losses.NegativeSampler(num_items, kind, item_counts), count

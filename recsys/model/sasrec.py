@@ -1,0 +1,151 @@
+"""SASRec (Kang & McAuley, ICDM 2018, arXiv 1808.09781): the item-only baseline.
+
+Architecture (the reference code, pmixer/SASRec.pytorch)::
+
+    item embedding · sqrt(D) + learned position      left-padded, most recent event at T-1
+      │  dropout, num_layers × pre-norm TransformerBlock (causal), final LayerNorm
+      ▼  hidden (B, T, D); query = hidden[:, -1]
+    score(item) = hidden · item_embedding[item]      the input embedding table is the key table
+
+Behaviours, attributes and time gaps are ignored: SASRec sees item ids only, which is what
+makes it the baseline ATRank's side information is measured against. The loss decides between
+the original (``bce``, one negative per position) and SASRec+ (``full_softmax``, Klenitskiy &
+Vasilev 2023); see :mod:`recsys.training.losses`.
+
+The interface is ATRank's (``forward``, ``item_keys``, ``score_items``, ``score_candidates``,
+``rerank_scores``, ``config``), so the training module, evaluation and scoring take either.
+It has no target-attention head: ``rerank_scores`` is the retrieval score, so a two-stage
+ranking keeps the retrieval order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from recsys.model.atrank import _candidate_scores
+from recsys.model.layers import (
+    LearnedPositionalEncoding,
+    TransformerBlock,
+    _check_dropout,
+    _check_heads,
+    _check_int,
+    attention_mask,
+)
+from recsys.model.outputs import EncoderOutput
+from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
+
+
+class SASRec(nn.Module):
+    """Self-attentive sequential recommendation over item ids.
+
+    Data sizes (``num_items`` with PAD/UNK, ``max_seq_len``) come from the data; the other
+    vocabulary sizes ATRank takes (``num_attributes``, ``num_behaviors``, ``num_time_buckets``,
+    ``item_attribute_width``) are accepted and ignored so both encoders are built the same way.
+    """
+
+    causal = True
+
+    def __init__(
+        self,
+        *,
+        num_items: int,
+        max_seq_len: int,
+        d_model: int = 64,
+        num_heads: int = 2,
+        num_layers: int = 2,
+        dropout: float = 0.2,
+        num_attributes: int | None = None,
+        num_behaviors: int | None = None,
+        num_time_buckets: int | None = None,
+        item_attribute_width: int | None = None,
+    ) -> None:
+        super().__init__()
+        reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
+        num_items = _check_int("num_items", num_items, minimum=NUM_RESERVED + 1, why=reserved)
+        max_seq_len = _check_int("max_seq_len", max_seq_len)
+        d_model = _check_int("d_model", d_model)
+        num_heads = _check_int("num_heads", num_heads)
+        _check_heads(d_model, num_heads)
+        num_layers = _check_int("num_layers", num_layers)
+        dropout = _check_dropout("dropout", dropout)
+        self.config: dict[str, int | float | None] = {
+            "num_items": num_items,
+            "max_seq_len": max_seq_len,
+            "d_model": d_model,
+            "num_heads": num_heads,
+            "num_layers": num_layers,
+            "dropout": dropout,
+        }
+        self.num_items = num_items
+        self.d_model = d_model
+        self.item_embedding = nn.Embedding(num_items, d_model, padding_idx=PAD_IDX)
+        self.position = LearnedPositionalEncoding(max_seq_len=max_seq_len, d_model=d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                d_model=d_model,
+                num_heads=num_heads,
+                ffn_dim=d_model,  # the reference code's point-wise FFN keeps width D
+                dropout=dropout,
+                norm_first=True,
+                activation="relu",
+            )
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model)
+        never_recommended = torch.zeros(num_items)
+        never_recommended[[PAD_IDX, UNK_IDX]] = float("-inf")
+        self.register_buffer("never_recommended", never_recommended, persistent=False)
+
+    def set_item_attributes(self, item_attributes: torch.Tensor) -> None:
+        """SASRec uses no item side information; accepted so every encoder is built alike."""
+
+    def forward(
+        self,
+        item: torch.Tensor,
+        behavior: torch.Tensor | None = None,
+        time_bucket: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        query_time_bucket: torch.Tensor | None = None,
+    ) -> EncoderOutput:
+        """Shapes: item (B, T) long (0 = PAD); padding_mask (B, T) bool, True = real token
+        (default: ``item != PAD``). Behaviour and time inputs are ignored.
+        Returns hidden (B, T, D) with zero padding rows and query (B, D) = hidden[:, -1]."""
+        if padding_mask is None:
+            padding_mask = item != PAD_IDX
+        x = self.item_embedding(item) * math.sqrt(self.d_model)
+        x = self.dropout(x + self.position(item.shape[1]))
+        x = x.masked_fill(~padding_mask[..., None], 0.0)
+        mask = attention_mask(padding_mask, causal=True)
+        for block in self.blocks:
+            x = block(x, mask)
+        hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)
+        return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
+
+    def item_keys(self) -> torch.Tensor:
+        """Shapes: returns (I, D), the input embedding table."""
+        return self.item_embedding.weight
+
+    def score_items(self, query: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """Shapes: query (..., D) -> (..., I); PAD and UNK are -inf."""
+        keys = self.item_keys() if keys is None else keys
+        return query @ keys.T + self.never_recommended
+
+    def score_candidates(self, query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Scores of chosen items; see :meth:`ATRank.score_candidates`."""
+        return _candidate_scores(query, self.item_embedding(items), items, bias=None)
+
+    def rerank_scores(
+        self, output: EncoderOutput, candidates: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """No target attention: the candidates' retrieval scores (B, N) (attention: zeros)."""
+        scores = self.score_candidates(output.query, candidates)
+        if return_attention:
+            weights = torch.zeros(
+                *candidates.shape, output.hidden.shape[1], device=candidates.device
+            )
+            return scores, weights
+        return scores

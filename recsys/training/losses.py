@@ -1,0 +1,152 @@
+"""Next-item losses over a target's score and the scores of other items.
+
+Every loss takes scores already computed by the model (``score = query · key + bias``) and
+returns the weighted mean over rows, ``Σ w_m · loss_m / Σ w_m`` (``weight=None``: all 1), so
+per-behaviour loss weights apply to any loss.
+
+- ``full_softmax``: cross-entropy over the whole catalogue (Klenitskiy & Vasilev 2023, SASRec+).
+- ``sampled_softmax``: cross-entropy over the target and K sampled negatives with the logQ
+  correction ``s - log q(item)`` (Yi et al. 2019), so that popularity-sampled negatives do not
+  bias the model against popular items; a negative equal to the target ("accidental hit") is
+  removed.
+- ``bce``: ``-log σ(s⁺) - Σ_k log(1 - σ(s⁻_k))``: SASRec's and ATRank's loss (k = 1 there).
+- ``gbce``: gSASRec's generalised BCE (Petrov & Macdonald 2023): the positive term is raised to
+  ``β = α (t (1 - 1/α) + 1/α)`` with ``α = K / (I_real - 1)``, which counters the
+  overconfidence that sampling negatives causes; ``t = 0`` is plain BCE.
+
+Worked example (one row, s⁺ = 2, one negative s⁻ = 0):
+``bce = -log σ(2) - log(1 - σ(0)) = 0.1269 + 0.6931 = 0.8201``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from recsys.schema import NUM_RESERVED
+
+LOSSES = ("full_softmax", "sampled_softmax", "bce", "gbce")
+SAMPLERS = ("uniform", "popularity")
+
+
+def _weighted_mean(per_row: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    if weight is None:
+        return per_row.mean()
+    return (per_row * weight).sum() / weight.sum().clamp(min=1e-12)
+
+
+def full_softmax(
+    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Shapes: logits (M, I) over the catalogue, target (M,), weight (M,) or None -> ()."""
+    per_row = F.cross_entropy(logits.float(), target, reduction="none")
+    return _weighted_mean(per_row, weight)
+
+
+def sampled_softmax(
+    positive: torch.Tensor,
+    negatives: torch.Tensor,
+    *,
+    log_q_positive: torch.Tensor,
+    log_q_negatives: torch.Tensor,
+    accidental: torch.Tensor,
+    weight: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax cross-entropy over ``[target, negatives]`` with the logQ correction.
+
+    Shapes: positive (M,), negatives (M, K); log_q_positive (M,); log_q_negatives (M, K) or
+    (K,) (shared negatives); accidental (M, K) bool, True where a negative is the target
+    (excluded); weight (M,) or None -> ().
+    """
+    corrected_negatives = (negatives - log_q_negatives).masked_fill(accidental, -math.inf)
+    logits = torch.cat([(positive - log_q_positive)[:, None], corrected_negatives], dim=1)
+    per_row = -torch.log_softmax(logits.float(), dim=1)[:, 0]
+    return _weighted_mean(per_row, weight)
+
+
+def bce(
+    positive: torch.Tensor,
+    negatives: torch.Tensor,
+    *,
+    accidental: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    beta: float = 1.0,
+) -> torch.Tensor:
+    """``-β log σ(s⁺) - Σ_k log(1 - σ(s⁻_k))`` per row (``β = 1``: plain BCE); accidental hits
+    contribute nothing.
+
+    Shapes: positive (M,), negatives (M, K), accidental (M, K) bool or None, weight (M,) -> ().
+    """
+    positive_term = -beta * F.logsigmoid(positive.float())
+    negative_terms = -F.logsigmoid(-negatives.float())  # -log(1 - σ(s)) = -log σ(-s)
+    if accidental is not None:
+        negative_terms = negative_terms.masked_fill(accidental, 0.0)
+    return _weighted_mean(positive_term + negative_terms.sum(dim=1), weight)
+
+
+def gbce_beta(*, num_negatives: int, num_items: int, t: float) -> float:
+    """gSASRec's β for ``num_negatives`` negatives out of ``num_items`` real items (PAD/UNK
+    excluded): ``α = K / (I - 1)``, ``β = α (t (1 - 1/α) + 1/α)``; t = 0 -> 1 (plain BCE),
+    t = 1 -> α."""
+    if not 0.0 <= t <= 1.0:
+        raise ValueError(f"gbce t={t} must lie in [0, 1] (gSASRec uses 0.75)")
+    if num_items < 2 or not 1 <= num_negatives <= num_items - 1:
+        raise ValueError(
+            f"num_negatives={num_negatives} must lie in [1, {num_items - 1}] for {num_items} items"
+        )
+    alpha = num_negatives / (num_items - 1)
+    return alpha * (t * (1.0 - 1.0 / alpha) + 1.0 / alpha)
+
+
+class NegativeSampler:
+    """Draws negative items from the real items (indices ``>= 2``: PAD and UNK never).
+
+    ``kind="uniform"``: ``q(i) = 1 / (I - 2)``; ``kind="popularity"``: ``q(i) ∝`` the item's
+    training count (``counts``, aligned with the item vocabulary). ``log_q`` gives the log
+    probabilities for the logQ correction. Draws are with replacement.
+    """
+
+    def __init__(self, num_items: int, kind: str = "uniform", counts: torch.Tensor | None = None):
+        if kind not in SAMPLERS:
+            raise ValueError(
+                f"negative sampler {kind!r} is not supported: choose one of {SAMPLERS}"
+            )
+        if num_items <= NUM_RESERVED:
+            raise ValueError(f"num_items={num_items} leaves no real item to sample")
+        self.kind = kind
+        self.num_items = num_items
+        if kind == "popularity":
+            if counts is None or counts.shape != (num_items,):
+                raise ValueError(
+                    f"a popularity sampler needs the training count of each of the {num_items} "
+                    "items (the item vocabulary's train_count)"
+                )
+            probs = counts.double().clamp(min=0)
+            probs[:NUM_RESERVED] = 0
+            if probs.sum() <= 0:
+                raise ValueError("every training count is 0: use the uniform sampler")
+        else:
+            probs = torch.ones(num_items, dtype=torch.float64)
+            probs[:NUM_RESERVED] = 0
+        self.probs = (probs / probs.sum()).float()  # (I,)
+        self._log_q = self.probs.log()  # -inf for PAD/UNK (never drawn)
+
+    def sample(
+        self,
+        shape: tuple[int, ...],
+        generator: torch.Generator | None = None,
+        device: torch.device | str = "cpu",
+    ) -> torch.Tensor:
+        """Item indices of ``shape`` (long), on ``device``."""
+        count = math.prod(shape)
+        if self.kind == "uniform":
+            drawn = torch.randint(NUM_RESERVED, self.num_items, (count,), generator=generator)
+        else:
+            drawn = torch.multinomial(self.probs, count, replacement=True, generator=generator)
+        return drawn.reshape(shape).to(device)
+
+    def log_q(self, items: torch.Tensor) -> torch.Tensor:
+        """Shapes: items (...) -> (...) float, log of each item's sampling probability."""
+        return self._log_q.to(items.device)[items]
