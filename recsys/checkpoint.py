@@ -48,6 +48,7 @@ def checkpoint_extra(
         "time_buckets": {
             "unit_seconds": time_buckets.unit_seconds,
             "num_buckets": time_buckets.num_buckets,
+            "reference": time_buckets.reference,
         },
         "max_seq_len": max_seq_len,
         "data_fingerprint": data_fingerprint,

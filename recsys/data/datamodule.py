@@ -55,6 +55,7 @@ class SeqRecDataModule(pl.LightningDataModule):
             shuffle=True,
             num_workers=self.num_workers,
             seed=self.seed,
+            lengths=windows.input_lengths,
         )
 
     def target_loader(self, split: str) -> DataLoader:

@@ -7,6 +7,8 @@ sampler=BatchSampler(...))``), so collation is the gather itself.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +18,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 
 from recsys.data.batch import SeqBatch
 from recsys.data.sequences import BEHAVIORS, ITEMS, TIMES, TimeBuckets
@@ -92,18 +101,23 @@ class SequenceStore:
         targets: str | np.ndarray,
         query_time: np.ndarray | None = None,
     ) -> SeqBatch:
-        """Left-padded batch of the flat events ``start[b]:end[b]`` (at most ``max_seq_len``).
+        """Left-padded batch of the flat events ``start[b]:end[b]`` (at most ``max_seq_len``), as
+        wide as its longest row.
 
         ``targets="next"`` makes every position's target the following event (training);
         an array of flat indices (-1 = none) gives one target per row (evaluation/scoring).
+        Token time buckets follow ``time_buckets.reference`` (see :class:`TimeBuckets`).
         ``query_time_bucket`` holds, at every position, the gap to the next event — the moment
         that position's prediction is for. At the last position of a row with one target that
         is the target's time; rows without a target use ``query_time`` (Unix seconds per row,
         e.g. ``as_of``) or leave it unknown (0).
         """
         length = end - start  # (B,)
-        columns = np.arange(max_seq_len)
-        pad = max_seq_len - length
+        # trimmed to the batch's longest window: padding columns cost attention and FFN time,
+        # and positions count back from the most recent event, so a narrower batch means the same
+        width = int(min(max_seq_len, max(1, length.max(initial=1))))
+        columns = np.arange(width)
+        pad = width - length
         mask = columns[None, :] >= pad[:, None]  # (B, T) True = real
         index = np.where(mask, start[:, None] + columns[None, :] - pad[:, None], 0)  # (B, T)
         first = self.offsets[rows]  # flat index of each user's first event
@@ -117,6 +131,7 @@ class SequenceStore:
             has_target = mask
             query_mask = mask
             query_gap = self.timestamp[target_index] - self.timestamp[index]  # (B, T)
+            moment = self.timestamp[target_index[:, -1]]  # the last position's target
         else:
             target_index = np.maximum(targets, 0)
             has_target = targets >= 0
@@ -132,6 +147,9 @@ class SequenceStore:
             query_mask = mask.copy()
             query_mask[:, -1] &= moment >= 0
             query_gap = next_time - self.timestamp[index]  # (B, T)
+            moment = np.where(moment >= 0, moment, self.timestamp[index[:, -1]])
+        if time_buckets.reference == "target":  # ATRank: every token's gap to the prediction
+            gap = moment[:, None] - self.timestamp[index]
 
         def tensor(values: np.ndarray, where: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.where(where, values, 0).astype(np.int64))
@@ -182,6 +200,11 @@ class TrainWindows(_BatchDataset):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def input_lengths(self) -> np.ndarray:
+        """Events in each window's input (the window without its last event)."""
+        return self.end - 1 - self.start
 
     def __getitem__(self, indices: list[int]) -> SeqBatch:
         i = np.asarray(indices)
@@ -239,18 +262,63 @@ class TargetRows(_BatchDataset):
         )
 
 
+class LengthGroupedBatches(Sampler[list[int]]):
+    """Random batches of rows of similar length: each epoch shuffles the rows, sorts every
+    group of ``group_batches`` batches by length, cuts the groups into batches and shuffles the
+    batches. Batches are then trimmed to their longest row (:meth:`SequenceStore.gather`), so
+    little attention and feed-forward work goes into padding, while every epoch still sees
+    every row once in a random order of batches (deterministic for a seed)."""
+
+    def __init__(
+        self, lengths: np.ndarray, *, batch_size: int, seed: int, group_batches: int = 50
+    ) -> None:
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.group = batch_size * group_batches
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self.rng.permutation(len(self.lengths))
+        batches = []
+        for begin in range(0, len(order), self.group):
+            group = order[begin : begin + self.group]
+            group = group[np.argsort(self.lengths[group], kind="stable")]
+            batches += [
+                group[i : i + self.batch_size] for i in range(0, len(group), self.batch_size)
+            ]
+        for index in self.rng.permutation(len(batches)):
+            yield batches[index].tolist()
+
+
 def batch_loader(
-    dataset: Dataset, *, batch_size: int, shuffle: bool, num_workers: int = 0, seed: int = 0
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    num_workers: int = 0,
+    seed: int = 0,
+    lengths: np.ndarray | None = None,
 ) -> DataLoader:
-    """A loader that hands whole index lists to the dataset (its gather is the collate)."""
+    """A loader that hands whole index lists to the dataset (its gather is the collate).
+    With ``shuffle`` and ``lengths`` (each row's input length) batches group rows of similar
+    length (:class:`LengthGroupedBatches`)."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    generator = torch.Generator().manual_seed(seed)
-    sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+    if shuffle and lengths is not None:
+        batches = LengthGroupedBatches(lengths, batch_size=batch_size, seed=seed)
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        sampler = (
+            RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+        )
+        batches = BatchSampler(sampler, batch_size=batch_size, drop_last=False)
     return DataLoader(
         dataset,
         batch_size=None,
-        sampler=BatchSampler(sampler, batch_size=batch_size, drop_last=False),
+        sampler=batches,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
     )

@@ -46,18 +46,28 @@ class TimeBuckets:
 
     ``bucket = 1 + min(floor(log2(1 + gap / unit_seconds)), num_buckets - 1)``; 0 is PAD.
     With ``unit_seconds=60``: gaps of 0-59 s -> 1, 60-179 s -> 2, 180-419 s -> 3, ...
-    The gap of a token is measured to the previous event of the same user (0 for the first),
-    which keeps training at every position causal: no token's bucket depends on a later event.
+    ``reference`` says what a token's gap is measured to:
+
+    - ``previous`` (default): the previous event of the same user (0 for the first), which
+      keeps training at every position causal: no token's bucket depends on a later event;
+    - ``target``: the moment of the prediction (the target's time; ``as_of`` when scoring),
+      as ATRank's reference code does (days before the target). Every token then knows when
+      the last target happens, so use it with models trained on their last position only.
     """
 
     unit_seconds: float = 60.0
     num_buckets: int = 16
+    reference: str = "previous"
 
     def __post_init__(self) -> None:
         if not self.unit_seconds > 0:
             raise ValueError(f"data.time_buckets.unit_seconds={self.unit_seconds} must be > 0")
         if not 1 <= self.num_buckets <= 64:
             raise ValueError(f"data.time_buckets.num_buckets={self.num_buckets} must be in [1, 64]")
+        if self.reference not in ("previous", "target"):
+            raise ValueError(
+                f"data.time_buckets.reference={self.reference!r} must be previous or target"
+            )
 
     @property
     def num_embeddings(self) -> int:

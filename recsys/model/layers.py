@@ -247,9 +247,9 @@ class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sin/cos encodings ("Attention Is All You Need", section 3.5).
 
     ``pe[p, 2i] = sin(p / 10000^(2i/D))`` and ``pe[p, 2i+1] = cos(p / 10000^(2i/D))``.
-    Positions are ``arange(T)`` over the left-padded window, so the most recent event always
-    has position T-1. That is only a stable meaning if batches are padded to the same window
-    length; with ``T`` varying per batch the same history gets different positions.
+    Positions count back from the most recent event: a left-padded window of width T gets
+    positions ``L-T .. L-1`` (L = max_seq_len), so the most recent event is always L-1 and a
+    history means the same in a batch trimmed to its longest row as in a full-width one.
     """
 
     def __init__(self, *, max_seq_len: int, d_model: int) -> None:
@@ -266,13 +266,13 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("table", table, persistent=False)
 
     def forward(self, seq_len: int) -> torch.Tensor:
-        """Shapes: returns (T, D) for ``seq_len`` = T <= max_seq_len."""
+        """Shapes: returns (T, D) for ``seq_len`` = T <= max_seq_len: the last T positions."""
         _check_seq_len(seq_len, self.max_seq_len)
-        return self.table[:seq_len]
+        return self.table[self.max_seq_len - seq_len :]
 
 
 class LearnedPositionalEncoding(nn.Module):
-    """One trained vector per position 0 .. max_seq_len-1 (positions as in the sinusoidal one)."""
+    """One trained vector per position 0 .. max_seq_len-1 (counted as in the sinusoidal one)."""
 
     def __init__(self, *, max_seq_len: int, d_model: int) -> None:
         super().__init__()
@@ -280,9 +280,9 @@ class LearnedPositionalEncoding(nn.Module):
         self.embedding = nn.Embedding(max_seq_len, _check_int("d_model", d_model))
 
     def forward(self, seq_len: int) -> torch.Tensor:
-        """Shapes: returns (T, D) for ``seq_len`` = T <= max_seq_len."""
+        """Shapes: returns (T, D) for ``seq_len`` = T <= max_seq_len: the last T positions."""
         _check_seq_len(seq_len, self.max_seq_len)
-        return self.embedding.weight[:seq_len]
+        return self.embedding.weight[self.max_seq_len - seq_len :]
 
 
 def _check_seq_len(seq_len: int, max_seq_len: int) -> None:

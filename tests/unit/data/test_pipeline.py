@@ -133,7 +133,11 @@ def test_stats_counts_add_up(tmp_path):
     assert stats["vocab_hash"] == vocab.content_hash()
     assert stats["source"] == "<in-memory polars frame>"
     assert stats["schema"] == SCHEMA.to_dict()
-    assert stats["time_buckets"] == {"unit_seconds": 60.0, "num_buckets": 16}
+    assert stats["time_buckets"] == {
+        "unit_seconds": 60.0,
+        "num_buckets": 16,
+        "reference": "previous",
+    }
     assert stats["settings"]["min_user_events"] == 2 and stats["settings"]["min_item_count"] == 1
     assert datetime.fromisoformat(stats["first_event"]) == clean_events[TIMESTAMP].min()
     assert datetime.fromisoformat(stats["last_event"]) == clean_events[TIMESTAMP].max()

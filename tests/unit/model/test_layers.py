@@ -114,12 +114,14 @@ def test_feed_forward_shape() -> None:
 
 
 def test_sinusoidal_values() -> None:
-    encoding = SinusoidalPositionalEncoding(max_seq_len=10, d_model=6)
+    encoding = SinusoidalPositionalEncoding(max_seq_len=4, d_model=6)
     table = encoding(4)
     assert table.shape == (4, 6)
     torch.testing.assert_close(table[0], torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]))
     torch.testing.assert_close(table[3, 0], torch.tensor(math.sin(3.0)))
     torch.testing.assert_close(table[3, 3], torch.tensor(math.cos(3.0 / 10000 ** (2 / 6))))
+    # a narrower window gets the last positions: the most recent event keeps position L-1
+    torch.testing.assert_close(encoding(2), table[2:])
     assert "table" not in encoding.state_dict()  # derived from the arguments, not a weight
 
 
@@ -130,6 +132,7 @@ def test_sinusoidal_odd_width() -> None:
 def test_learned_positional_shape_and_length_check() -> None:
     encoding = LearnedPositionalEncoding(max_seq_len=4, d_model=3)
     assert encoding(2).shape == (2, 3)
+    torch.testing.assert_close(encoding(2), encoding(4)[2:])
     with pytest.raises(ValueError, match="T=5 exceeds max_seq_len=4"):
         encoding(5)
 

@@ -1,0 +1,99 @@
+"""Each loss against values computed by hand on a tiny batch, and the negative samplers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from recsys.training import losses
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def test_full_softmax_matches_hand_computed_cross_entropy():
+    logits = torch.tensor(
+        [[-math.inf, -math.inf, 1.0, 2.0, 0.0], [-math.inf, -math.inf, 0.0, 0.0, 0.0]]
+    )
+    target = torch.tensor([3, 2])
+    row0 = -(2.0 - math.log(math.e**1 + math.e**2 + math.e**0))
+    row1 = math.log(3.0)
+    assert losses.full_softmax(logits, target).item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+    # weights: row 1 counts three times as much as row 0
+    weighted = losses.full_softmax(logits, target, torch.tensor([1.0, 3.0]))
+    assert weighted.item() == pytest.approx((row0 + 3 * row1) / 4, rel=1e-6)
+
+
+def test_bce_matches_the_worked_example_and_sums_negatives():
+    positive = torch.tensor([2.0])
+    assert losses.bce(positive, torch.tensor([[0.0]])).item() == pytest.approx(
+        -math.log(sigmoid(2.0)) - math.log(1 - sigmoid(0.0)), rel=1e-6
+    )
+    two = losses.bce(positive, torch.tensor([[0.0, -1.0]])).item()
+    expected = -math.log(sigmoid(2.0)) - math.log(1 - sigmoid(0.0)) - math.log(1 - sigmoid(-1.0))
+    assert two == pytest.approx(expected, rel=1e-6)
+
+
+def test_bce_ignores_accidental_hits():
+    got = losses.bce(
+        torch.tensor([1.0]), torch.tensor([[0.5, 3.0]]), accidental=torch.tensor([[False, True]])
+    ).item()
+    assert got == pytest.approx(-math.log(sigmoid(1.0)) - math.log(1 - sigmoid(0.5)), rel=1e-6)
+
+
+def test_gbce_beta_and_loss():
+    # alpha = 2 / (5 - 1) = 0.5; beta = 0.5 * (0.75 * (1 - 2) + 2) = 0.625
+    beta = losses.gbce_beta(num_negatives=2, num_items=5, t=0.75)
+    assert beta == pytest.approx(0.625)
+    assert losses.gbce_beta(num_negatives=2, num_items=5, t=0.0) == pytest.approx(1.0)
+    assert losses.gbce_beta(num_negatives=2, num_items=5, t=1.0) == pytest.approx(0.5)
+    got = losses.bce(torch.tensor([1.5]), torch.tensor([[0.2, -0.3]]), beta=beta).item()
+    expected = (
+        -0.625 * math.log(sigmoid(1.5)) - math.log(1 - sigmoid(0.2)) - math.log(1 - sigmoid(-0.3))
+    )
+    assert got == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="t=1.5"):
+        losses.gbce_beta(num_negatives=2, num_items=5, t=1.5)
+
+
+def test_sampled_softmax_applies_log_q_and_drops_accidental_hits():
+    positive = torch.tensor([1.0])
+    negatives = torch.tensor([[0.5, 2.0, 1.0]])
+    log_q_pos = torch.tensor([math.log(0.5)])
+    log_q_neg = torch.tensor([math.log(0.25), math.log(0.5), math.log(0.125)])  # shared (K,)
+    accidental = torch.tensor([[False, True, False]])
+    got = losses.sampled_softmax(
+        positive,
+        negatives,
+        log_q_positive=log_q_pos,
+        log_q_negatives=log_q_neg,
+        accidental=accidental,
+    ).item()
+    corrected = [1.0 - math.log(0.5), 0.5 - math.log(0.25), 1.0 - math.log(0.125)]
+    expected = -(corrected[0] - math.log(sum(math.exp(c) for c in corrected)))
+    assert got == pytest.approx(expected, rel=1e-6)
+
+
+def test_uniform_sampler_never_draws_pad_or_unk():
+    sampler = losses.NegativeSampler(6, "uniform")
+    drawn = sampler.sample((10_000,), generator=torch.Generator().manual_seed(0))
+    assert drawn.min() >= 2 and drawn.max() <= 5
+    assert sampler.log_q(torch.tensor([2, 5])).tolist() == pytest.approx([math.log(0.25)] * 2)
+
+
+def test_popularity_sampler_follows_the_counts():
+    counts = torch.tensor([0, 0, 1, 3])
+    sampler = losses.NegativeSampler(4, "popularity", counts)
+    drawn = sampler.sample((40_000,), generator=torch.Generator().manual_seed(0))
+    share = (drawn == 3).float().mean().item()
+    assert share == pytest.approx(0.75, abs=0.02)
+    assert sampler.log_q(torch.tensor([2, 3])).tolist() == pytest.approx(
+        [math.log(0.25), math.log(0.75)], rel=1e-5
+    )
+    with pytest.raises(ValueError, match="training count"):
+        losses.NegativeSampler(4, "popularity")
+    with pytest.raises(ValueError, match="not supported"):
+        losses.NegativeSampler(4, "zipf")
