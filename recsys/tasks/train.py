@@ -19,6 +19,7 @@ from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, use_tracker
+from recsys.training.callbacks import TrainingClock
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ class TrainResult:
     prepared_dir: Path
     best_val: dict[str, float]
     run: str  # where the MLflow run is, in words
+    train_seconds: float | None = None  # training epochs only (TrainingClock), no validation
+    history: list[dict[str, float]] | None = None  # per validation: seconds and metrics
 
 
 def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
@@ -124,6 +127,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
         best_val = {} if best_score is None else {"best/val_ndcg_at_10": float(best_score)}
         tracker.log_metrics(best_val)
         log.info("best checkpoint %s (%s)", best, best_val)
+    clock = next((c for c in callbacks if isinstance(c, TrainingClock)), None)
     return TrainResult(
-        checkpoint=best, prepared_dir=prepared_dir, best_val=best_val, run=tracker.describe()
+        checkpoint=best,
+        prepared_dir=prepared_dir,
+        best_val=best_val,
+        run=tracker.describe(),
+        train_seconds=None if clock is None else clock.train_seconds,
+        history=None if clock is None else clock.history,
     )

@@ -1,0 +1,294 @@
+"""Model-quality suite: Hydra experiment configs on the research datasets -> a Markdown table.
+
+    python -m benchmarks.quality_suite                       # every entry, 3 seeds
+    python -m benchmarks.quality_suite --datasets beauty --models sasrec_ce,atrank --seeds 1
+    python -m benchmarks.quality_suite --list                # entries and their overrides
+
+Each run composes ``conf/config.yaml`` with ``experiment=<dataset>`` (data, protocol) and the
+entry's overrides (model, loss), trains with early stopping on validation NDCG@10, and
+evaluates the selected checkpoint on test once. The table shows, per (dataset, model), the mean
+and spread over seeds of test HR@10 / NDCG@10, the published number to compare with (from
+../shared/PROTOCOLS.md, same protocol unless the note says otherwise), the training time on
+this machine (training epochs only, validation excluded) and, for Beauty, the minutes until
+test NDCG@10 first reached RecBole's 0.0546 (the test curve is recorded for this column only;
+it never selects a model). Everything each run measured also goes to ``--json``.
+
+Datasets come from ``../shared/data`` (or ``$RECSYS_SHARED_DATA``); the suite stops with a
+clear message when they are absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("benchmarks.quality")
+
+RECBOLE_NDCG = 0.0546  # RecBole SASRec (CE) on Beauty, P1, this machine: 60 min, 17 epochs
+BCE_ONE_NEGATIVE = [
+    "training.loss=bce",
+    "training.num_negatives=1",
+    "training.shared_negatives=false",
+]
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    label: str
+    overrides: tuple[str, ...]
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        Model("popularity", "popularity", ()),  # read off every run's evaluation
+        Model("sasrec_bce", "SASRec (BCE, 1 negative)", ("model=sasrec", *BCE_ONE_NEGATIVE)),
+        Model("sasrec_ce", "SASRec+ (full-softmax CE)", ("model=sasrec",)),
+        Model(
+            "atrank_faithful",
+            "ATRank, faithful preset (target attention, BCE 1 negative)",
+            (
+                "model=atrank_faithful",
+                "training.objective=target_attention",
+                *BCE_ONE_NEGATIVE,
+                "data.time_buckets.reference=target",
+            ),
+        ),
+        Model("atrank", "ATRank, modern preset (CE, attributes, behaviours)", ("model=atrank",)),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    protocol: str
+    published: dict[str, tuple[float, str]] = field(default_factory=dict)  # model -> (ndcg, src)
+    note: str = ""
+
+
+P1 = "P1: leave-one-out, all items, history scored 0"
+DATASETS = {
+    d.name: d
+    for d in (
+        Dataset(
+            "beauty",
+            P1,
+            {
+                "sasrec_bce": (0.0318, "S3-Rec paper, P1"),
+                "sasrec_ce": (0.0531, "SASRec + sampled softmax, transformer_benchmark, P2"),
+                "atrank": (0.0614, "WEARec repo, P1 (best of 88 runs on test)"),
+                "popularity": (0.0056, "PROTOCOLS.md, P1"),
+            },
+        ),
+        Dataset(
+            "sports",
+            P1,
+            {
+                "sasrec_bce": (0.0192, "S3-Rec paper, P1"),
+                "sasrec_ce": (0.0314, "SASRec + sampled softmax, P2"),
+                "atrank": (0.0367, "WEARec repo, P1"),
+                "popularity": (0.0052, "PROTOCOLS.md, P1"),
+            },
+        ),
+        Dataset(
+            "toys",
+            P1,
+            {
+                "sasrec_bce": (0.0374, "S3-Rec paper, P1"),
+                "sasrec_ce": (0.0580, "SASRec + sampled softmax, P2"),
+                "atrank": (0.0657, "ICSRec repo, P1"),
+                "popularity": (0.0049, "PROTOCOLS.md, P1"),
+            },
+        ),
+        Dataset(
+            "ml1m",
+            "leave-one-out, all items, seen excluded",
+            {
+                "sasrec_ce": (0.1821, "SASRec+, antklen/sasrec-bert4rec-recsys23"),
+                "atrank": (0.1930, "LRURec"),
+            },
+            note="the shared copy lacks the second-to-last item for 91.5% of users",
+        ),
+        Dataset(
+            "taobao",
+            "global temporal split, next purchase, seen kept",
+            note="none published; target: ATRank with behaviours >= 1.10 x item-only SASRec",
+        ),
+    )
+}
+
+
+def compose(dataset: str, model: Model, seed: int, run_dir: Path, extra: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import recsys.config  # noqa: F401  (the ${abspath:} resolver)
+
+    overrides = [
+        f"experiment={dataset}",
+        *model.overrides,
+        f"seed={seed}",
+        f"paths.run_dir={run_dir}",
+        f"paths.output_dir={run_dir.parent}",
+        "logger=none",
+        "trainer.enable_progress_bar=false",
+        *(["callbacks.training_clock.test_curve=true"] if dataset == "beauty" else []),
+        *extra,
+    ]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides), overrides
+
+
+def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str]) -> dict:
+    from recsys.tasks import evaluate, train
+
+    run_dir = work / f"{dataset}-{model.name}-{seed}"
+    cfg, overrides = compose(dataset, model, seed, run_dir, extra)
+    started = time.perf_counter()
+    trained = train.run(cfg)
+    metrics = evaluate.run(cfg, trained.checkpoint, prepared_dir=trained.prepared_dir)
+    curve = [
+        (entry["train_seconds"], entry.get("curve/test_ndcg_at_10"))
+        for entry in trained.history or []
+    ]
+    reached = next((s for s, ndcg in curve if ndcg is not None and ndcg >= RECBOLE_NDCG), None)
+    return {
+        "dataset": dataset,
+        "model": model.name,
+        "seed": seed,
+        "command": "python -m pipelines.run " + " ".join(o for o in overrides if "paths." not in o),
+        "test": metrics,
+        "best_val": trained.best_val,
+        "epochs": len(trained.history or []),
+        "train_seconds": trained.train_seconds,
+        "wall_seconds": time.perf_counter() - started,
+        "seconds_to_recbole_ndcg": reached,
+        "history": trained.history,
+    }
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "—"
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.4f}"
+    return f"{mean:.4f} ± {statistics.stdev(values):.4f}"
+
+
+def table(results: list[dict]) -> str:
+    rows = [
+        "| dataset | model | protocol | seeds | test HR@10 | test NDCG@10 | published NDCG@10 "
+        "(source) | training min | min to NDCG 0.0546 |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|",
+    ]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for result in results:
+        groups.setdefault((result["dataset"], result["model"]), []).append(result)
+    popularity_done = set()
+    for (dataset, model), runs in groups.items():
+        spec = DATASETS[dataset]
+        if dataset not in popularity_done:  # popularity is evaluated in every run: show once
+            popularity_done.add(dataset)
+            first = runs[0]["test"]
+            published = spec.published.get("popularity")
+            rows.append(
+                f"| {dataset} | popularity | {spec.protocol} | 1 | "
+                f"{first['test/popularity_hr_at_10']:.4f} | "
+                f"{first['test/popularity_ndcg_at_10']:.4f} | "
+                f"{_published(published)} | — | — |"
+            )
+        hr = [r["test"]["test/hr_at_10"] for r in runs]
+        ndcg = [r["test"]["test/ndcg_at_10"] for r in runs]
+        minutes = [r["train_seconds"] / 60 for r in runs if r["train_seconds"] is not None]
+        reached = [r["seconds_to_recbole_ndcg"] for r in runs]
+        to_target = (
+            "—"
+            if dataset != "beauty"
+            else (
+                "not reached"
+                if any(x is None for x in reached)
+                else f"{statistics.fmean(reached) / 60:.1f}"
+            )
+        )
+        rows.append(
+            f"| {dataset} | {MODELS[model].label} | {spec.protocol} | {len(runs)} | "
+            f"{_spread(hr)} | {_spread(ndcg)} | {_published(spec.published.get(model))} | "
+            f"{statistics.fmean(minutes):.1f} | {to_target} |"
+        )
+    notes = [f"- {d}: {DATASETS[d].note}" for d in dict.fromkeys(r["dataset"] for r in results)]
+    notes = [n for n in notes if not n.endswith(": ")]
+    return "\n".join(rows + ([""] + notes if notes else []))
+
+
+def _published(entry: tuple[float, str] | None) -> str:
+    return "—" if entry is None else f"{entry[0]:.4f} ({entry[1]})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--models", default="sasrec_bce,sasrec_ce,atrank_faithful,atrank")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--work-dir", type=Path, default=None, help="runs go here (default: tmp)")
+    parser.add_argument("--json", type=Path, default=None, help="also write every result here")
+    parser.add_argument("--list", action="store_true", help="print the entries and exit")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    datasets = [d for d in args.datasets.split(",") if d]
+    models = [MODELS[m] for m in args.models.split(",") if m]
+    for name in datasets:
+        if name not in DATASETS:
+            parser.error(f"unknown dataset {name!r}: choose from {list(DATASETS)}")
+    if args.list:
+        for d in datasets:
+            for m in models:
+                print(f"{d:8} {m.name:16} experiment={d} {' '.join(m.overrides)}")
+        return 0
+    shared = Path(os.environ.get("RECSYS_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    if not shared.is_dir():
+        print(
+            f"{shared} not found: the suite needs the research datasets (../shared/data or "
+            "$RECSYS_SHARED_DATA)",
+            file=sys.stderr,
+        )
+        return 2
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="recsys-quality-"))
+    results = []
+    for dataset in datasets:
+        for model in models:
+            if model.name == "popularity":
+                continue
+            for seed in range(args.seeds):
+                log.info("%s / %s / seed %d ...", dataset, model.name, seed)
+                result = run_one(dataset, model, seed, work, args.overrides)
+                log.info(
+                    "%s / %s / seed %d: test NDCG@10 %.4f HR@10 %.4f, %.1f min training",
+                    dataset,
+                    model.name,
+                    seed,
+                    result["test"]["test/ndcg_at_10"],
+                    result["test"]["test/hr_at_10"],
+                    (result["train_seconds"] or 0) / 60,
+                )
+                results.append(result)
+                if args.json:
+                    args.json.write_text(json.dumps(results, indent=2, default=str))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,247 @@
+"""The training module's objectives, losses, behaviour weights and evaluation options on a tiny
+hand-made batch, and the evaluation helpers against brute-force references."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import partial
+
+import pytest
+import torch
+
+from recsys.data.batch import SeqBatch
+from recsys.model import ATRank
+from recsys.model.sasrec import SASRec
+from recsys.retrieval.ranker import apply_seen_policy
+from recsys.training import losses
+from recsys.training.metrics import CoverageAccumulator, sampled_ranks
+from recsys.training.module import SeqRecModule
+
+NUM_ITEMS = 30
+BEHAVIORS = ["view", "cart", "purchase"]  # indices 2, 3, 4
+
+
+def encoder(causal: bool = True) -> ATRank:
+    torch.manual_seed(0)
+    return ATRank(
+        num_items=NUM_ITEMS,
+        num_attributes=5,
+        num_behaviors=2 + len(BEHAVIORS),
+        num_time_buckets=6,
+        max_seq_len=6,
+        d_model=8,
+        num_heads=2,
+        num_layers=1,
+        dropout=0.0,
+        causal=causal,
+    )
+
+
+def batch(seed: int = 0) -> SeqBatch:
+    g = torch.Generator().manual_seed(seed)
+    B, T = 4, 6
+    lengths = torch.tensor([6, 3, 1, 4])
+    mask = torch.arange(T)[None, :] >= T - lengths[:, None]
+    item = torch.randint(2, NUM_ITEMS, (B, T), generator=g) * mask
+    behavior = torch.randint(2, 5, (B, T), generator=g) * mask
+    target = torch.randint(2, NUM_ITEMS, (B, T), generator=g) * mask
+    target_behavior = torch.randint(2, 5, (B, T), generator=g) * mask
+    return SeqBatch(
+        item=item,
+        behavior=behavior,
+        time_bucket=torch.randint(1, 6, (B, T), generator=g) * mask,
+        padding_mask=mask,
+        query_time_bucket=torch.randint(1, 6, (B, T), generator=g) * mask,
+        target_item=target,
+        target_behavior=target_behavior,
+        user_index=torch.arange(B),
+    )
+
+
+def module(enc=None, **kwargs) -> SeqRecModule:
+    counts = torch.arange(NUM_ITEMS)
+    counts[:2] = 0
+    return SeqRecModule(
+        enc or encoder(),
+        partial(torch.optim.Adam, lr=1e-3),
+        behaviors=BEHAVIORS,
+        item_counts=counts,
+        **kwargs,
+    )
+
+
+def train_loss(m: SeqRecModule, b: SeqBatch) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log outside a Trainer
+        return m.training_step(b, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"loss": "full_softmax"},
+        {"loss": "sampled_softmax", "num_negatives": 5, "negative_sampler": "popularity"},
+        {"loss": "sampled_softmax", "num_negatives": 5, "shared_negatives": False},
+        {"loss": "bce", "num_negatives": 1, "shared_negatives": False},
+        {"loss": "gbce", "num_negatives": 4, "gbce_t": 0.75},
+        {"loss": "bce", "num_negatives": 1, "objective": "target_attention"},
+        {"loss": "full_softmax", "rerank_top_n": 20, "rerank_loss_weight": 0.5},
+    ],
+    ids=["ce", "ssm-pop", "ssm-rows", "bce", "gbce", "target-attention", "ce+rerank"],
+)
+def test_every_objective_and_loss_trains(kwargs):
+    m = module(**kwargs)
+    loss = train_loss(m, batch())
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in m.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_full_softmax_loss_is_the_cross_entropy_of_every_real_position():
+    m, b = module(), batch()
+    output = m(b)
+    real = b.target_item > 1
+    expected = torch.nn.functional.cross_entropy(
+        m.encoder.score_items(output.hidden[real]), b.target_item[real]
+    )
+    torch.testing.assert_close(train_loss(m, b), expected)
+
+
+def test_behavior_weights_select_and_weigh_targets():
+    m, b = module(behavior_weights={"purchase": 2.0, "cart": 1.0}), batch()
+    output = m(b)
+    real = b.target_item > 1
+    hidden, target, behavior = output.hidden[real], b.target_item[real], b.target_behavior[real]
+    weight = torch.tensor([0.0, 0.0, 0.0, 1.0, 2.0])[behavior]  # view (2) is not a target
+    per_row = torch.nn.functional.cross_entropy(
+        m.encoder.score_items(hidden), target, reduction="none"
+    )
+    expected = (per_row * weight).sum() / weight.sum()
+    torch.testing.assert_close(train_loss(m, b), expected)
+
+
+def test_non_causal_encoder_trains_its_last_position_only():
+    m, b = module(encoder(causal=False)), batch()
+    output = m(b)
+    expected = torch.nn.functional.cross_entropy(
+        m.encoder.score_items(output.hidden[:, -1]), b.target_item[:, -1]
+    )
+    torch.testing.assert_close(train_loss(m, b), expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"loss": "hinge"}, "training.loss='hinge'"),
+        ({"objective": "target_attention"}, "needs a sampled loss"),
+        ({"loss": "bce", "num_negatives": 0}, "num_negatives=0"),
+        ({"loss": "bce", "num_negatives": 10_000}, "num_negatives=10000"),
+        ({"behavior_weights": {"click": 1.0}}, "click"),
+        ({"behavior_weights": {"view": 0.0}}, "not all 0"),
+        ({"seen_items": "drop"}, "seen_items='drop'"),
+        ({"sampled_metrics": {"num_negatives": 100_000}}, "num_negatives=100000"),
+    ],
+)
+def test_bad_settings_name_the_option(kwargs, message):
+    with pytest.raises(ValueError, match=re_escape(message)):
+        module(**kwargs)
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_evaluation_reports_mrr_coverage_sampled_metrics_and_auc():
+    m = module(sampled_metrics={"num_negatives": 10, "sampler": "uniform"}).eval()
+    b = batch()
+    eval_batch = SeqBatch(**{**b.__dict__, "target_item": b.target_item[:, -1].clamp(min=2)})
+    eval_batch.target_behavior = b.target_behavior[:, -1]
+    coverage = CoverageAccumulator(NUM_ITEMS, m.metric_ks)
+    with torch.no_grad():
+        metrics = m.evaluation_metrics(eval_batch, coverage)
+    for name in (
+        "mrr",
+        "ndcg_at_10",
+        "retrieval_mrr",
+        "sampled_ndcg_at_10",
+        "sampled_hr_at_5",
+        "auc",
+    ):
+        assert metrics[name].shape == (4,), name
+    assert ((metrics["auc"] >= 0) & (metrics["auc"] <= 1)).all()
+    assert (metrics["sampled_hr_at_10"] >= metrics["hr_at_10"]).all()  # fewer competitors
+    covered = coverage.compute()
+    assert 0 < covered["coverage_at_5"] <= covered["coverage_at_20"] <= 1
+
+
+def test_sampled_ranks_match_a_brute_force_count():
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(6, 40, generator=g).round(decimals=1)  # ties happen
+    target = torch.randint(0, 40, (6,), generator=g)
+    negatives = torch.randint(0, 40, (6, 12), generator=g)
+    valid = torch.rand(6, 12, generator=g) > 0.2
+    ranks, auc = sampled_ranks(scores, target, negatives, valid)
+    for row in range(6):
+        t = scores[row, target[row]].item()
+        kept = [scores[row, n].item() for n, v in zip(negatives[row], valid[row]) if v]
+        assert ranks[row].item() == 1 + sum(s > t for s in kept)
+        wins = sum(1.0 if t > s else 0.5 if t == s else 0.0 for s in kept)
+        assert auc[row].item() == pytest.approx(wins / max(len(kept), 1))
+
+
+def test_coverage_by_hand():
+    coverage = CoverageAccumulator(8, [1, 2])  # real items 2..7
+    coverage.update(torch.tensor([[2, 3], [2, 4]]))
+    assert coverage.compute() == {"coverage_at_1": 1 / 6, "coverage_at_2": 3 / 6}
+
+
+def test_seen_policies():
+    scores = torch.tensor([[-math.inf, -math.inf, 2.0, -1.0, 0.5]])
+    history = torch.tensor([[0, 3, 4]])  # PAD, then items 3 and 4
+    assert apply_seen_policy(scores, history, "keep") is scores
+    excluded = apply_seen_policy(scores, history, "exclude")
+    assert excluded[0, 2:].tolist() == [2.0, -math.inf, -math.inf]
+    zeroed = apply_seen_policy(scores, history, "zero")
+    # the S3-Rec family's rule: seen items score 0, so item 3 (score -1) moves *up*
+    assert zeroed[0].tolist() == [-math.inf, -math.inf, 2.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("model", ["atrank", "sasrec"])
+def test_score_candidates_agree_with_score_items(model):
+    enc = (
+        encoder()
+        if model == "atrank"
+        else SASRec(num_items=NUM_ITEMS, max_seq_len=6, d_model=8, num_heads=2, num_layers=1)
+    ).eval()
+    query = torch.randn(3, 8)
+    full = enc.score_items(query)
+    per_row = torch.tensor([[2, 5, 9], [3, 3, 1], [29, 7, 0]])
+    torch.testing.assert_close(enc.score_candidates(query, per_row), full.gather(1, per_row))
+    shared = torch.tensor([4, 8, 1])
+    torch.testing.assert_close(enc.score_candidates(query, shared), full[:, shared])
+
+
+def test_sasrec_is_causal_and_ignores_padding():
+    enc = SASRec(num_items=NUM_ITEMS, max_seq_len=6, d_model=8, num_heads=2, num_layers=2).eval()
+    item = torch.tensor([[0, 0, 5, 6, 7, 8]])
+    out = enc(item)
+    assert out.hidden.shape == (1, 6, 8) and out.query.shape == (1, 8)
+    assert torch.equal(out.hidden[0, :2], torch.zeros(2, 8))
+    changed = enc(torch.tensor([[0, 0, 5, 6, 7, 9]]))
+    torch.testing.assert_close(out.hidden[:, :5], changed.hidden[:, :5])  # the past is unmoved
+    narrower = enc(item[:, 2:])  # the same history without padding columns
+    torch.testing.assert_close(narrower.query, out.query)
+    scores = enc.score_items(out.query)
+    assert torch.isneginf(scores[0, :2]).all()
+
+
+def test_gbce_module_uses_the_catalogue_beta():
+    m = module(loss="gbce", num_negatives=4, gbce_t=0.5)
+    assert m.gbce_beta == pytest.approx(
+        losses.gbce_beta(num_negatives=4, num_items=NUM_ITEMS - 2, t=0.5)
+    )
