@@ -82,6 +82,13 @@ class SASRec(nn.Module):
         self.num_items = num_items
         self.d_model = d_model
         self.item_embedding = nn.Embedding(num_items, d_model, padding_idx=PAD_IDX)
+        # std D^-1/2: inputs (· sqrt(D)) have unit scale and, as the key table, initial logits
+        # hidden · key are O(1); nn.Embedding's N(0, 1) starts the softmax at logits of ~sqrt(D)
+        # spread, which trains far slower (measured on Beauty: val NDCG@10 0.006 vs ~0.03 after
+        # 3 epochs)
+        nn.init.normal_(self.item_embedding.weight, std=d_model**-0.5)
+        with torch.no_grad():
+            self.item_embedding.weight[PAD_IDX].zero_()
         self.position = LearnedPositionalEncoding(max_seq_len=max_seq_len, d_model=d_model)
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
