@@ -371,3 +371,38 @@ def test_batch_loader_yields_every_window_once_and_is_seeded():
     assert not torch.equal(seen, torch.cat(other))
     with pytest.raises(ValueError, match="batch_size=0"):
         batch_loader(windows, batch_size=0, shuffle=False)
+
+
+def test_time_buckets_relative_to_the_target(store):
+    """ATRank's convention: every token's gap is measured to the prediction's moment."""
+    buckets = TimeBuckets(unit_seconds=60, num_buckets=8, reference="target")
+    rows = TargetRows(store, store.test_target, max_seq_len=3, time_buckets=buckets)
+    batch = rows[[0, 1]]
+    # u1: target at 9500 s; events at 1719, 5000, 9000 -> 7781 s (8), 4500 s (7), 500 s (4)
+    # u2: target at 1_000_200; events at 1_000_000, 1_000_060 -> 200 s (3), 140 s (2)
+    torch.testing.assert_close(batch.time_bucket, long([[8, 7, 4], [0, 3, 2]]))
+    windows = TrainWindows(store, max_seq_len=3, time_buckets=buckets)
+    train = windows[[0]]  # u1's most recent window: inputs e3 e4 e5, last target e6 at 5000 s
+    gaps = [5000 - 1119, 5000 - 1299, 5000 - 1719]
+    torch.testing.assert_close(train.time_bucket, torch.from_numpy(buckets(np.array([gaps]))))
+
+
+def test_batches_are_as_wide_as_their_longest_row(store):
+    rows = TargetRows(store, store.test_target, max_seq_len=50, time_buckets=BUCKETS)
+    assert rows[[1]].item.shape == (1, 2)  # u2's test row holds 2 events
+    assert rows[[0, 1]].item.shape == (1 + 1, 8)  # u1's holds 8
+
+
+def test_length_grouped_batches_cover_every_row_once_and_group_lengths():
+    from recsys.data.dataset import LengthGroupedBatches
+
+    lengths = np.random.default_rng(0).integers(1, 50, size=1000)
+    sampler = LengthGroupedBatches(lengths, batch_size=10, seed=1, group_batches=100)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 100
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    spread = np.mean([np.ptp(lengths[b]) for b in batches])
+    assert spread < 5  # random batches of 10 would spread over ~40
+    assert list(LengthGroupedBatches(lengths, batch_size=10, seed=1)) == list(
+        LengthGroupedBatches(lengths, batch_size=10, seed=1)
+    )

@@ -408,3 +408,24 @@ def test_overfits_next_item_is_item_plus_one() -> None:
         query = model(item, behavior, time_bucket, padding_mask).query
         accuracy = (model.score_items(query).argmax(-1) == target[:, -1]).float().mean()
     assert accuracy > 0.95, f"accuracy {accuracy:.2f} after 200 steps, final loss {loss.item():.3f}"
+
+
+def test_faithful_preset_config_is_the_reference_form() -> None:
+    """conf/model/atrank_faithful.yaml switches exactly the reference code's differences."""
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[3] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model=atrank_faithful"])
+    assert {k: cfg.model[k] for k in FAITHFUL} == FAITHFUL
+    model = make_model(**FAITHFUL)
+    block = model.blocks[0]
+    assert block.feed_forward.net[0].out_features == round(16 * 0.25)  # C/4
+    assert isinstance(block.attention.output, torch.nn.Identity)
+    assert isinstance(block.attention.qkv_activation, torch.nn.ReLU)
+    assert model.embedding.positional is None
+    # non-causal: the mask lets every real token see every real token, never padding
+    tokens = make_tokens([3, 5], seq_len=5)
+    output = model(*tokens)
+    assert output.hidden.shape == (2, 5, 16)
+    assert torch.equal(output.hidden[0, :2], torch.zeros(2, 16))
