@@ -94,6 +94,16 @@ class BehaviorAwareEmbedding(nn.Module):
         self.attribute_embedding = nn.Embedding(
             self.num_attributes, self.attribute_dim, padding_idx=PAD_IDX
         )
+        # Stored at std dim^-1/2 and used times sqrt(dim): the same unit-scale features as
+        # nn.Embedding's N(0, 1), but Adam's steps (~lr per entry whatever the scale) move
+        # the small stored values ~sqrt(dim) times faster relative to their size (measured on
+        # Beauty: val NDCG@10 after 4 epochs 0.024 with N(0, 1) storage, see benchmarks/README)
+        for table in (self.item_embedding, self.attribute_embedding):
+            nn.init.normal_(table.weight, std=table.embedding_dim**-0.5)
+            with torch.no_grad():
+                table.weight[PAD_IDX].zero_()
+        self.item_scale = math.sqrt(item_dim)
+        self.attribute_scale = math.sqrt(self.attribute_dim)
         item_attributes = torch.full(
             (self.num_items, self.item_attribute_width), PAD_IDX, dtype=torch.long
         )  # (I, A)
@@ -203,7 +213,13 @@ class BehaviorAwareEmbedding(nn.Module):
         else:
             item_vectors = self.item_embedding(items)  # (..., item_dim)
             attributes = self.item_attributes[items]  # (..., A)
-        return torch.cat([item_vectors, self.attribute_bag(attributes)], dim=-1)
+        return torch.cat(
+            [
+                item_vectors * self.item_scale,
+                self.attribute_bag(attributes) * self.attribute_scale,
+            ],
+            dim=-1,
+        )
 
     def forward(
         self,

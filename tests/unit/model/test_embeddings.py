@@ -89,7 +89,7 @@ def test_default_table_is_unk_for_real_items_and_pad_for_the_pad_item() -> None:
     assert (table[1:, 0] == UNK_IDX).all()
     assert (table[1:, 1:] == PAD_IDX).all()
     assert "item_attributes" in embedding.state_dict()
-    unk = embedding.attribute_embedding.weight[UNK_IDX]
+    unk = embedding.attribute_embedding.weight[UNK_IDX] * embedding.attribute_scale
     torch.testing.assert_close(embedding.item_features()[1:, 6:], unk.expand(NUM_ITEMS - 1, 3))
 
 
@@ -97,7 +97,8 @@ def test_attribute_bag_is_the_mean_over_non_pad_attributes() -> None:
     embedding = make_embedding(width=3)
     embedding.set_item_attributes(TABLE)
     assert torch.equal(embedding.item_attributes, TABLE)
-    weight = embedding.attribute_embedding.weight
+    # tables are stored at std dim^-1/2 and used times sqrt(dim)
+    weight = embedding.attribute_embedding.weight * embedding.attribute_scale
     expected = {
         2: (weight[2] + weight[3]) / 2,
         3: torch.zeros(3),
@@ -113,12 +114,14 @@ def test_attribute_bag_is_the_mean_over_non_pad_attributes() -> None:
     flat_batch = batch.reshape(6, 9)
     for position, (item, bag) in enumerate(expected.items()):
         torch.testing.assert_close(whole[item, 6:], bag)
-        torch.testing.assert_close(whole[item, :6], embedding.item_embedding.weight[item])
+        torch.testing.assert_close(
+            whole[item, :6], embedding.item_embedding.weight[item] * embedding.item_scale
+        )
         torch.testing.assert_close(flat_batch[position], whole[item])
     # The bag helper on its own, any leading shape.
     bags = embedding.attribute_bag(torch.tensor([[[2, 3, 0]], [[0, 0, 0]]]))  # (2, 1, A)
     assert bags.shape == (2, 1, 3)
-    torch.testing.assert_close(bags[0, 0], expected[2])
+    torch.testing.assert_close(bags[0, 0] * embedding.attribute_scale, expected[2])
     assert torch.equal(bags[1, 0], torch.zeros(3))
 
 
@@ -160,14 +163,21 @@ def test_width_one_table_is_the_single_category_lookup() -> None:
 
     items = torch.tensor([[0, 4, 9], [2, 6, 1]])  # (B, T), PAD item included
     lookup = torch.cat(
-        [embedding.item_embedding(items), embedding.attribute_embedding(categories[items])],
+        [
+            embedding.item_embedding(items) * embedding.item_scale,
+            embedding.attribute_embedding(categories[items]) * embedding.attribute_scale,
+        ],
         dim=-1,
     )  # the old ``item ⊕ category_embedding[item_category[item]]``
     torch.testing.assert_close(embedding.item_features(items), lookup)
     torch.testing.assert_close(
         embedding.item_features(),
         torch.cat(
-            [embedding.item_embedding.weight, embedding.attribute_embedding(categories)], dim=-1
+            [
+                embedding.item_embedding.weight * embedding.item_scale,
+                embedding.attribute_embedding(categories) * embedding.attribute_scale,
+            ],
+            dim=-1,
         ),
     )
 
