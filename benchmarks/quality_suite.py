@@ -190,8 +190,8 @@ def _spread(values: list[float]) -> str:
 def table(results: list[dict]) -> str:
     rows = [
         "| dataset | model | protocol | seeds | test HR@10 | test NDCG@10 | published NDCG@10 "
-        "(source) | training min | min to NDCG 0.0546 |",
-        "|---|---|---|---:|---:|---:|---|---:|---:|",
+        "(source) | training min | min to NDCG 0.0546 | run (`python -m pipelines.run ...`) |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|---|",
     ]
     groups: dict[tuple[str, str], list[dict]] = {}
     for result in results:
@@ -207,7 +207,7 @@ def table(results: list[dict]) -> str:
                 f"| {dataset} | popularity | {spec.protocol} | 1 | "
                 f"{first['test/popularity_hr_at_10']:.4f} | "
                 f"{first['test/popularity_ndcg_at_10']:.4f} | "
-                f"{_published(published)} | — | — |"
+                f"{_published(published)} | — | — | (every run's evaluation) |"
             )
         hr = [r["test"]["test/hr_at_10"] for r in runs]
         ndcg = [r["test"]["test/ndcg_at_10"] for r in runs]
@@ -225,11 +225,18 @@ def table(results: list[dict]) -> str:
         rows.append(
             f"| {dataset} | {MODELS[model].label} | {spec.protocol} | {len(runs)} | "
             f"{_spread(hr)} | {_spread(ndcg)} | {_published(spec.published.get(model))} | "
-            f"{statistics.fmean(minutes):.1f} | {to_target} |"
+            f"{statistics.fmean(minutes):.1f} | {to_target} | `{_overrides(runs[0])}` |"
         )
     notes = [f"- {d}: {DATASETS[d].note}" for d in dict.fromkeys(r["dataset"] for r in results)]
     notes = [n for n in notes if not n.endswith(": ")]
     return "\n".join(rows + ([""] + notes if notes else []))
+
+
+def _overrides(result: dict) -> str:
+    """The run's command line without the suite's own bookkeeping (seed, logging, paths)."""
+    words = result["command"].removeprefix("python -m pipelines.run ").split()
+    skip = ("seed=", "logger=", "trainer.enable_progress_bar", "callbacks.training_clock")
+    return " ".join(w for w in words if not w.startswith(skip))
 
 
 def _published(entry: tuple[float, str] | None) -> str:
