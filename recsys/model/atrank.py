@@ -45,6 +45,7 @@ from recsys.model.layers import (
     _check_heads,
     _check_int,
     attention_mask,
+    never_recommended,
 )
 from recsys.model.outputs import EncoderOutput
 from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
@@ -204,9 +205,7 @@ class ATRank(nn.Module):
         # F_target: candidate items are mapped into the same space as the history.
         self.target_projection = nn.Linear(self.embedding.feature_dim, d_model)
         self.item_bias = nn.Parameter(torch.zeros(num_items))
-        never_recommended = torch.zeros(num_items)
-        never_recommended[[PAD_IDX, UNK_IDX]] = float("-inf")
-        self.register_buffer("never_recommended", never_recommended, persistent=False)
+        self.register_buffer("never_recommended", never_recommended(num_items), persistent=False)
 
         # How long after the last event the prediction is for: "continue this session" and
         # "come back next week" call for different items (ATRank measures gaps to the target).

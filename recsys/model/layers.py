@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys.schema import NUM_RESERVED
+
 QKV_ACTIVATIONS = (None, "relu")
 FFN_ACTIVATIONS = ("gelu", "relu")
 
@@ -58,6 +60,14 @@ def _check_heads(d_model: int, num_heads: int) -> None:
 
 
 # --- masks ---------------------------------------------------------------------------------
+
+
+def never_recommended(num_items: int) -> torch.Tensor:
+    """(I,) additive score mask: 0 for real items, -inf for PAD and UNK, which no encoder may
+    ever recommend (cross-entropy stays finite because targets are never PAD or UNK)."""
+    mask = torch.zeros(num_items)
+    mask[:NUM_RESERVED] = float("-inf")
+    return mask
 
 
 def attention_mask(padding_mask: torch.Tensor, causal: bool) -> torch.Tensor:

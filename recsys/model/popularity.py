@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from recsys.model.layers import never_recommended
 from recsys.model.outputs import EncoderOutput
-from recsys.schema import NUM_RESERVED
 
 
 class Popularity(nn.Module):
@@ -21,8 +19,7 @@ class Popularity(nn.Module):
     def __init__(self, train_counts: torch.Tensor):
         super().__init__()
         self.num_items = len(train_counts)
-        scores = train_counts.double().log1p().float().clone()
-        scores[:NUM_RESERVED] = -math.inf
+        scores = train_counts.double().log1p().float() + never_recommended(len(train_counts))
         self.register_buffer("item_scores", scores)
 
     def forward(

@@ -33,9 +33,10 @@ from recsys.model.layers import (
     _check_heads,
     _check_int,
     attention_mask,
+    never_recommended,
 )
 from recsys.model.outputs import EncoderOutput
-from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
+from recsys.schema import NUM_RESERVED, PAD_IDX
 
 
 class SASRec(nn.Module):
@@ -103,9 +104,7 @@ class SASRec(nn.Module):
             for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(d_model)
-        never_recommended = torch.zeros(num_items)
-        never_recommended[[PAD_IDX, UNK_IDX]] = float("-inf")
-        self.register_buffer("never_recommended", never_recommended, persistent=False)
+        self.register_buffer("never_recommended", never_recommended(num_items), persistent=False)
 
     def set_item_attributes(self, item_attributes: torch.Tensor) -> None:
         """SASRec uses no item side information; accepted so every encoder is built alike."""
