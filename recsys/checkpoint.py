@@ -8,6 +8,7 @@ it under the ``"recsys"`` key.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ class LoadedModel:
     time_buckets: TimeBuckets
     max_seq_len: int
     path: Path
+    target_behaviors: tuple[str, ...] | None = None  # what it was trained to predict; None = any
+    data_fingerprint: str | None = None
 
 
 def checkpoint_extra(
@@ -40,6 +43,7 @@ def checkpoint_extra(
     time_buckets: TimeBuckets,
     max_seq_len: int,
     data_fingerprint: str,
+    target_behaviors: list[str] | None = None,
 ) -> dict:
     """What a checkpoint needs besides the encoder to score a fresh log (plain values only)."""
     return {
@@ -52,6 +56,7 @@ def checkpoint_extra(
         },
         "max_seq_len": max_seq_len,
         "data_fingerprint": data_fingerprint,
+        "target_behaviors": None if target_behaviors is None else list(target_behaviors),
     }
 
 
@@ -93,4 +98,31 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         time_buckets=TimeBuckets(**meta["time_buckets"]),
         max_seq_len=int(meta["max_seq_len"]),
         path=path,
+        target_behaviors=(
+            None if meta.get("target_behaviors") is None else tuple(meta["target_behaviors"])
+        ),
+        data_fingerprint=meta.get("data_fingerprint"),
     )
+
+
+def write_scoring_checkpoint(checkpoint: str | Path, destination: str | Path) -> Path:
+    """A training checkpoint without what scoring does not need (optimizer state, loops):
+    the encoder's weights and the ``recsys`` entry. Loads with :func:`load_checkpoint`."""
+    full = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    slim = {
+        "state_dict": {k: v for k, v in full["state_dict"].items() if k.startswith("encoder.")},
+        CHECKPOINT_KEY: full[CHECKPOINT_KEY],
+    }
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(slim, destination)
+    return destination
+
+
+def model_digest(model: LoadedModel) -> str:
+    """sha256 of the encoder's weights and the vocabulary: identifies a model for resuming."""
+    digest = hashlib.sha256(model.vocab.content_hash().encode())
+    for name, tensor in sorted(model.encoder.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

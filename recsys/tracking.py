@@ -1,4 +1,5 @@
-"""Experiment tracking: the one module that imports MLflow.
+"""Experiment tracking: the one module that imports MLflow (with the pyfunc wrapper it packages,
+:mod:`recsys.mlflow_model`).
 
 The store is a local sqlite database with an absolute path by default (MLflow's file store is
 an error in MLflow 3, and Hydra may change the working directory); ``MLFLOW_TRACKING_URI`` or
@@ -18,6 +19,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
+MODEL_ARTIFACT = "model"  # the packaged MLflow model inside a training run
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -45,6 +47,7 @@ class Tracker:
         run_name: str | None = None,
         run_id: str | None = None,
         tags: Mapping[str, str] | None = None,
+        open_run: bool = True,
     ):
         self.enabled = enabled
         self.run_id: str | None = None
@@ -64,6 +67,8 @@ class Tracker:
         if run_id:
             self.run_id = self.client.get_run(run_id).info.run_id
             self.experiment_id = self.client.get_run(run_id).info.experiment_id
+        elif not open_run:  # a client only (registry look-ups)
+            return
         else:
             experiment = self.client.get_experiment_by_name(experiment_name)
             self.experiment_id = (
@@ -82,7 +87,8 @@ class Tracker:
         """Build from the ``logger`` config group (``None`` or ``enabled: false`` = off)."""
         if not logger_cfg or not logger_cfg.get("enabled", False):
             return cls(enabled=False)
-        settings = {k: v for k, v in logger_cfg.items() if k != "enabled"}
+        registry = ("enabled", "registered_model_name", "model_alias")  # used by train, not here
+        settings = {k: v for k, v in logger_cfg.items() if k not in registry}
         return cls(enabled=True, **{**settings, **overrides})
 
     def lightning_logger(self):
@@ -124,6 +130,58 @@ class Tracker:
             raise ValueError("tracking is off (logger=none): pass a checkpoint path instead")
         return Path(self.client.download_artifacts(self.run_id, artifact_path, str(dst)))
 
+    def log_model(
+        self,
+        checkpoint: str | Path,
+        *,
+        registered_model_name: str | None = None,
+        alias: str | None = None,
+    ) -> str | None:
+        """Package ``checkpoint`` (a scoring checkpoint: weights, encoder arguments,
+        vocabularies, data schema, time buckets) as the MLflow model ``model/`` of this run;
+        with ``registered_model_name``, register it as a new version (and point ``alias`` at
+        it). Returns the model URI."""
+        if not self.enabled:
+            return None
+        import tempfile
+
+        import mlflow.pyfunc
+
+        code = Path(__file__).with_name("mlflow_model.py")
+        with tempfile.TemporaryDirectory(prefix="recsys-model-") as tmp:
+            folder = Path(tmp) / MODEL_ARTIFACT
+            mlflow.pyfunc.save_model(
+                str(folder),
+                python_model=str(code),
+                artifacts={"checkpoint": str(checkpoint)},
+                pip_requirements=["recsys"],
+            )
+            self.log_artifact(folder, MODEL_ARTIFACT)
+        uri = f"runs:/{self.run_id}/{MODEL_ARTIFACT}"
+        if registered_model_name:
+            from mlflow.exceptions import MlflowException
+
+            try:
+                self.client.create_registered_model(registered_model_name)
+            except MlflowException:
+                pass  # already registered: add a version
+            source = f"{self.client.get_run(self.run_id).info.artifact_uri}/{MODEL_ARTIFACT}"
+            version = self.client.create_model_version(
+                registered_model_name, source, run_id=self.run_id
+            )
+            if alias:
+                self.client.set_registered_model_alias(
+                    registered_model_name, alias, version.version
+                )
+            log.info(
+                "registered %s version %s%s",
+                registered_model_name,
+                version.version,
+                f" as @{alias}" if alias else "",
+            )
+            uri = f"models:/{registered_model_name}/{version.version}"
+        return uri
+
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:
             self.client.set_terminated(self.run_id, status=status)
@@ -148,3 +206,71 @@ def use_tracker(tracker: Tracker | None, logger_cfg: Mapping[str, Any] | None, *
         tracker.finish("FAILED")
         raise
     tracker.finish()
+
+
+def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path, dict[str, str]]:
+    """Where the model named by ``model=`` is, as a local checkpoint file, and how it was found
+    (tags for the scoring run). ``ref`` is one of:
+
+    - a checkpoint path (``.ckpt``);
+    - ``<registered name>@<alias>`` or ``models:/<name>@<alias>``, or ``<name>/<version>``
+      with the ``models:/`` prefix: the MLflow model registry;
+    - an MLflow run id: that run's packaged model (``model/``), else its ``checkpoints/``.
+    """
+    import tempfile
+
+    text = str(ref).strip()
+    path = Path(text).expanduser()
+    if path.is_file():
+        return path, {"model.uri": str(path.absolute())}
+    registry = text.removeprefix("models:/")
+    is_registry = text.startswith("models:/") or ("@" in text and "/" not in text)
+    if not is_registry and (path.suffix == ".ckpt" or "/" in text or not text.isalnum()):
+        raise FileNotFoundError(
+            f"model={text!r}: no such checkpoint file. Pass a checkpoint path, an MLflow run "
+            "id, or a registered model as <name>@<alias>"
+        )
+    if not logger_cfg or not logger_cfg.get("enabled", False):
+        raise ValueError(
+            f"model={text!r} names an MLflow run or registered model, but tracking is off "
+            "(logger=none): pass a checkpoint path"
+        )
+    if is_registry:
+        tracker = Tracker.from_config(logger_cfg, open_run=False)
+        client = tracker.client
+        try:
+            if "@" in registry:
+                name, alias = registry.split("@", 1)
+                version = client.get_model_version_by_alias(name, alias)
+            else:
+                name, number = registry.rsplit("/", 1)
+                version = client.get_model_version(name, number)
+        except Exception as err:  # MLflow raises its own RestException / MlflowException
+            raise ValueError(
+                f"model={text!r}: not found in the MLflow model registry at "
+                f"{tracker.tracking_uri} ({err}). Register one by training with "
+                "logger.registered_model_name=<name> logger.model_alias=<alias>"
+            ) from err
+        run_id = version.run_id
+        tags = {"model.uri": text, "model.version": str(version.version)}
+    else:
+        run_id = text
+        tags = {"model.uri": f"runs:/{run_id}/{MODEL_ARTIFACT}"}
+    run_tracker = Tracker.from_config(logger_cfg, run_id=run_id)
+    destination = tempfile.mkdtemp(prefix="recsys-model-")
+    try:
+        folder = run_tracker.download_artifacts(MODEL_ARTIFACT, destination)
+        candidates = sorted(folder.rglob("*.ckpt"))
+    except Exception:  # a run logged before models were packaged: its raw checkpoint
+        candidates = []
+    if not candidates:
+        try:
+            folder = run_tracker.download_artifacts("checkpoints", destination)
+            candidates = sorted(folder.glob("*.ckpt"))
+        except Exception:
+            candidates = []
+    if not candidates:
+        raise FileNotFoundError(
+            f"MLflow run {run_id} has no packaged model ({MODEL_ARTIFACT}/) and no checkpoint"
+        )
+    return candidates[0], {**tags, "model.run_id": run_id}

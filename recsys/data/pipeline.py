@@ -624,6 +624,13 @@ def _fingerprint(
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def events_fingerprint(events: pl.DataFrame) -> str:
+    """sha256 of an in-memory event log's content (every row, in order): names a scoring
+    job's input in its MLflow run and in the resume manifest."""
+    payload = [events.height, _frame_digest(events), events.columns]
+    return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
+
+
 def load_stats(folder: str | Path) -> dict:
     path = Path(folder) / STATS_FILE
     if not path.exists():
@@ -631,25 +638,37 @@ def load_stats(folder: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def scoring_sequences(
+def scoring_events(
     events: pl.DataFrame, *, vocab: Vocab, as_of: datetime | None = None
 ) -> pl.DataFrame:
-    """Each user's whole history up to and including ``as_of`` (default: everything), encoded
-    with a *saved* vocabulary (never refitted: unseen items become UNK), as a sequence table
-    without targets. ``events`` come from :func:`load_events`."""
+    """The events of :func:`load_events` up to and including ``as_of`` (default: all), in
+    :func:`transforms.sort_events` order without repeats, encoded with a *saved* vocabulary
+    (never refitted: unseen items become UNK): adds ``item_index`` and ``behavior_index``.
+    Row ``r`` of the result is flat event ``r`` of :func:`scoring_sequences`' lists."""
     lf = events.lazy().with_row_index(ROW)
     as_of = parse_instant(as_of, option="as_of")
     if as_of is not None:
         lf = lf.filter(pl.col(TIMESTAMP) <= as_of)
     lf = lf.pipe(transforms.sort_events).pipe(transforms.dedupe)
-    encoded = vocab.encode(lf, behavior_column=EVENT_TYPE)
+    encoded = vocab.encode(lf, behavior_column=EVENT_TYPE).collect(engine=LOCAL)
+    if encoded.height == 0:
+        raise ValueError(f"no events at or before as_of={as_of}: nothing to score")
+    return encoded.drop(ROW)
+
+
+def scoring_sequences(
+    events: pl.DataFrame, *, vocab: Vocab | None = None, as_of: datetime | None = None
+) -> pl.DataFrame:
+    """Each user's whole history as a sequence table without targets. ``events`` come from
+    :func:`load_events` (then pass ``vocab``, and ``as_of`` if wanted) or are already
+    :func:`scoring_events` (``vocab=None``)."""
+    if vocab is not None:
+        events = scoring_events(events, vocab=vocab, as_of=as_of)
+    lf = events.lazy()
     positions = lf.group_by(USER, maintain_order=True).agg(
         pl.len().cast(pl.Int32).alias(TRAIN_END),
         pl.lit(-1, dtype=pl.Int32).alias(VAL_TARGET),
         pl.len().cast(pl.Int32).alias(TEST_START),
         pl.lit(-1, dtype=pl.Int32).alias(TEST_TARGET),
     )
-    sequences = build_sequences(encoded, positions).collect(engine=LOCAL)
-    if sequences.height == 0:
-        raise ValueError(f"no events at or before as_of={as_of}: nothing to score")
-    return sequences
+    return build_sequences(lf, positions).collect(engine=LOCAL)

@@ -147,11 +147,15 @@ class SASRec(nn.Module):
     def rerank_scores(
         self, output: EncoderOutput, candidates: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """No target attention: the candidates' retrieval scores (B, N) (attention: zeros)."""
+        """No target attention: the candidates' retrieval scores (B, N). With
+        ``return_attention``, also which history positions the candidate matches (B, N, T):
+        a softmax over real positions of ``key_c · hidden_t / sqrt(D)`` (the explanation
+        scoring shows; it does not change the score)."""
         scores = self.score_candidates(output.query, candidates)
-        if return_attention:
-            weights = torch.zeros(
-                *candidates.shape, output.hidden.shape[1], device=candidates.device
-            )
-            return scores, weights
-        return scores
+        if not return_attention:
+            return scores
+        keys = self.item_embedding(candidates)  # (B, N, D)
+        logits = keys @ output.hidden.transpose(1, 2) / math.sqrt(self.d_model)  # (B, N, T)
+        real = output.padding_mask[:, None, :]
+        logits = logits.masked_fill(~real, torch.finfo(logits.dtype).min)
+        return scores, logits.softmax(dim=-1) * real

@@ -1,123 +1,410 @@
-"""Top-K recommendations for every user of a sequence table, written for analysts.
+"""Top-K recommendations for the users of an event log, with business rules, cold start and
+attention explanations. :class:`Recommender` scores one chunk of users at a time; the score
+task (:mod:`recsys.tasks.score`) writes each chunk as one output part.
 
-Output is long format, one row per (user, rank)::
+Per user, best first:
 
-    user_id  rank  item_id  score
-    1000017     1    10452  7.31
-    1000017     2    10988  6.90
+1. **model** — users with at least ``min_history`` events of items the model knows: the user
+   query vector against the item key table (:mod:`recsys.retrieval.index`), minus excluded
+   items; target attention re-ranks the first ``rerank_top_n``; then at most
+   ``max_per_category`` per category.
+2. **category_popularity** / **popularity** — the cold-start fallback, for users without a
+   usable history and to fill lists the rules left short: items ranked first by how many of
+   the user's events fall in their category, then by recent popularity
+   (:class:`~recsys.retrieval.catalogue.Catalogue`). A row's ``source`` is
+   ``category_popularity`` when the item shares a category with the user's events, else
+   ``popularity``. Items new in the log (no model key) can only come from here.
 
-with the log's raw ids. Files are written to a temporary name and renamed into place, so a
-reader never sees a half-written file.
+The same rules apply to every source. Output columns (long format, one row per user and rank)::
+
+    user_id  rank  item_id  score  source  explain_1_item_id  explain_1_behavior
+    explain_1_timestamp  explain_1_weight  ...  explain_3_weight  item_category
+
+``explain_j_*`` (model rows; null elsewhere) is the history event with the j-th largest
+target-attention weight for that recommended item.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
-from pathlib import Path
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
 from recsys.checkpoint import LoadedModel
-from recsys.data.dataset import SequenceStore, TargetRows, batch_loader
-from recsys.retrieval.ranker import two_stage
-from recsys.schema import ITEM, NUM_RESERVED, PAD_IDX, USER
+from recsys.data.dataset import SequenceStore, TargetRows
+from recsys.data.pipeline import scoring_events, scoring_sequences
+from recsys.retrieval.catalogue import CATALOGUE_INDEX, ITEM_CATEGORY, Catalogue
+from recsys.retrieval.index import build_index, chunked_topk
+from recsys.retrieval.rules import Rules, cap_per_category, take_first
+from recsys.schema import EVENT_TYPE, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, USER
 
 log = logging.getLogger(__name__)
 
-OUTPUT_COLUMNS = (USER, "rank", ITEM, "score")
-FORMATS = ("parquet", "csv")
+SOURCES = ("model", "category_popularity", "popularity")
+MAX_EXPLANATIONS = 3
+BASE_COLUMNS = (USER, "rank", ITEM, "score", "source")
 
 
-def seen_items(store: SequenceStore, rows: np.ndarray) -> torch.Tensor:
-    """Every item in each row's whole stored history, as a (B, L_max) PAD-filled matrix."""
+def explanation_columns(count: int) -> list[str]:
+    return [
+        f"explain_{j}_{part}"
+        for j in range(1, count + 1)
+        for part in ("item_id", "behavior", "timestamp", "weight")
+    ]
+
+
+@dataclass(frozen=True)
+class ScoringOptions:
+    """``conf/retrieval`` (everything but ``rules`` and the output settings)."""
+
+    top_k: int = 10
+    rerank_top_n: int = 0
+    index: str = "exact"
+    item_chunk_size: int = 65_536
+    user_chunk_size: int = 50_000
+    batch_size: int = 512
+    explanations: int = 3
+    min_history: int = 1
+    popularity_days: float | None = 30.0
+    faiss: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "item_chunk_size", "user_chunk_size", "batch_size", "min_history"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"retrieval.{name}={value!r} must be a positive integer")
+        if not isinstance(self.rerank_top_n, int) or self.rerank_top_n < 0:
+            raise ValueError(f"retrieval.rerank_top_n={self.rerank_top_n!r} must be >= 0")
+        if not isinstance(self.explanations, int) or not 0 <= self.explanations <= 3:
+            raise ValueError(
+                f"retrieval.explanations={self.explanations!r} must be 0..{MAX_EXPLANATIONS}"
+            )
+        if self.popularity_days is not None and not self.popularity_days > 0:
+            raise ValueError(
+                f"retrieval.popularity_days={self.popularity_days!r} must be > 0 or null (all)"
+            )
+
+    @property
+    def columns(self) -> list[str]:
+        return [*BASE_COLUMNS, *explanation_columns(self.explanations), ITEM_CATEGORY]
+
+
+@dataclass
+class ScoringData:
+    """A scoring log, ready: ``events`` (sorted, deduped, encoded; row r = flat event r of
+    ``store``), the per-user ``store``, each flat event's ``catalogue_index`` and the
+    ``catalogue``."""
+
+    events: pl.DataFrame
+    store: SequenceStore
+    catalogue_index: np.ndarray
+    catalogue: Catalogue
+    query_time: int  # Unix seconds the recommendations are for
+
+    @classmethod
+    def build(
+        cls,
+        model: LoadedModel,
+        events: pl.DataFrame,
+        *,
+        rules: Rules,
+        options: ScoringOptions,
+        as_of=None,
+    ) -> ScoringData:
+        encoded = scoring_events(events, vocab=model.vocab, as_of=as_of)
+        store = SequenceStore.from_frame(scoring_sequences(encoded))
+        query_time = int(store.timestamp.max()) if as_of is None else int(as_of.timestamp())
+        since = (
+            None
+            if options.popularity_days is None
+            else query_time - int(options.popularity_days * 86_400)
+        )
+        catalogue = Catalogue.build(
+            model.vocab, encoded, target_behavior=rules.target_behavior, popularity_since=since
+        )
+        index = catalogue.index_of(encoded[ITEM])
+        return cls(
+            events=encoded.select(USER, ITEM, EVENT_TYPE, TIMESTAMP),
+            store=store,
+            catalogue_index=index,
+            catalogue=catalogue,
+            query_time=query_time,
+        )
+
+    @property
+    def known_events(self) -> np.ndarray:
+        """(U,) events per user whose item the model knows."""
+        known = (self.store.item >= NUM_RESERVED).astype(np.int64)
+        return np.add.reduceat(known, self.store.offsets[:-1]) if len(known) else known
+
+
+def _history(
+    store: SequenceStore, values: np.ndarray, rows: np.ndarray, keep: np.ndarray | None
+) -> torch.Tensor:
+    """``values`` of each row's whole history as (B, L_max), PAD where none or not ``keep``."""
     lengths = store.lengths[rows]
-    width = max(int(lengths.max()), 1)
+    width = max(int(lengths.max(initial=1)), 1)
     columns = np.arange(width)
     inside = columns[None, :] < lengths[:, None]
     index = np.where(inside, store.offsets[rows][:, None] + columns[None, :], 0)
-    return torch.from_numpy(np.where(inside, store.item[index], PAD_IDX))
+    if keep is not None:
+        inside &= keep[index]
+    return torch.from_numpy(np.where(inside, values[index], PAD_IDX).astype(np.int64))
 
 
-@torch.no_grad()
-def recommend(
-    model: LoadedModel,
-    store: SequenceStore,
-    *,
-    top_k: int,
-    rerank_top_n: int,
-    exclude_seen: bool,
-    query_time: int | None = None,
-    batch_size: int = 512,
-    device: torch.device | str = "cpu",
-) -> pl.DataFrame:
-    """Two-stage top-``top_k`` for every user in ``store`` (their most recent events as input),
-    as of ``query_time`` (Unix seconds; default: the last event in the store)."""
-    if top_k < 1:
-        raise ValueError(f"retrieval.top_k={top_k} must be >= 1")
-    if top_k > model.vocab.items.height:
-        raise ValueError(
-            f"retrieval.top_k={top_k} exceeds the catalogue of {model.vocab.items.height} items"
+class Recommender:
+    """Scores chunks of users of ``data`` with ``model`` under ``rules``."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        data: ScoringData,
+        *,
+        rules: Rules,
+        options: ScoringOptions,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.model, self.data, self.rules, self.options = model, data, rules, options
+        self.device = torch.device(device)
+        self.encoder = model.encoder.to(self.device).eval()
+        catalogue = data.catalogue
+        self.blocked = rules.blocked(catalogue).to(self.device)
+        self.category = catalogue.category.to(self.device)
+        pop = catalogue.popularity.double().log1p()
+        # in [0, 1): a popularity order that never outweighs one shared-category event
+        self.popularity = (pop / (pop.max() + 1.0)).float().to(self.device)
+        excluded = rules.excluded_behaviors(model.vocab.behaviors)
+        self.exclude_event = None if excluded is None else np.isin(data.store.behavior, excluded)
+        self.nothing_excluded = excluded is None
+        self.known = data.known_events
+        self.rows = TargetRows(
+            data.store,
+            data.store.lengths,
+            max_seq_len=model.max_seq_len,
+            time_buckets=model.time_buckets,
+            has_target=False,
+            query_time=data.query_time,
         )
-    encoder = model.encoder.to(device).eval()
-    rows = TargetRows(
-        store,
-        store.lengths,
-        max_seq_len=model.max_seq_len,
-        time_buckets=model.time_buckets,
-        has_target=False,
-        query_time=int(store.timestamp.max()) if query_time is None else query_time,
-    )
-    loader = batch_loader(rows, batch_size=batch_size, shuffle=False)
-    item_ids = model.vocab.items[ITEM]  # item index i -> raw id at row i - NUM_RESERVED
-    users, ranks, items, scores = [], [], [], []
-    for batch in tqdm(loader, desc="score", leave=False, mininterval=2.0):
-        batch_rows = batch.user_index.numpy()
-        exclude = seen_items(store, batch_rows).to(device) if exclude_seen else None
-        batch = batch.to(device)
-        output = encoder(*batch.model_inputs())
-        ranking = two_stage(
-            encoder, output, top_k=top_k, rerank_top_n=rerank_top_n, exclude=exclude
+        with torch.no_grad():
+            keys = self.encoder.item_keys()
+            bias = self.encoder.score_items(keys.new_zeros(1, keys.shape[1]))[0]  # bias + -inf
+        num_model = catalogue.num_model_items
+        self.index = build_index(
+            keys,
+            torch.nan_to_num(bias, neginf=0.0),
+            self.blocked[:num_model] | torch.isneginf(bias),
+            index=options.index,
+            item_chunk_size=options.item_chunk_size,
+            faiss=dict(options.faiss or {}),
         )
-        top_items = ranking.items[:, :top_k].cpu()
-        top_scores = ranking.scores[:, :top_k].float().cpu()
-        valid = ~torch.isneginf(top_scores)  # fewer than K items left after exclusions
-        users.append(np.repeat(batch_rows, valid.sum(dim=1).numpy()))
-        ranks.append((torch.arange(1, top_k + 1).expand_as(top_items)[valid]).numpy())
-        items.append(top_items[valid].numpy())
-        scores.append(top_scores[valid].numpy())
-    item_index = np.concatenate(items)
-    frame = pl.DataFrame(
-        {
-            USER: store.user_id.gather(np.concatenate(users)),
-            "rank": pl.Series(np.concatenate(ranks), dtype=pl.Int32),
-            ITEM: item_ids.gather(item_index - NUM_RESERVED),
-            "score": pl.Series(np.concatenate(scores), dtype=pl.Float32),
-        }
-    )
-    log.info("scored %d users -> %d recommendations", len(rows), frame.height)
-    return frame
+        self.num_model_items = num_model
+        self._keys = keys
+
+    # -- stage by stage ----------------------------------------------------------------------
+    def _excluded(self, rows: np.ndarray) -> torch.Tensor | None:
+        if self.nothing_excluded:
+            return None
+        return _history(self.data.store, self.data.catalogue_index, rows, self.exclude_event).to(
+            self.device
+        )
+
+    def _depth(self) -> int:
+        o = self.options
+        depth = max(o.top_k, o.rerank_top_n)
+        return depth if self.rules.max_per_category is None else max(depth, 4 * o.top_k)
+
+    @torch.no_grad()
+    def _model_candidates(self, rows: np.ndarray):
+        """Model ranking of ``rows`` (positions in the store): candidates (B, D) best first,
+        their scores, the encoder output and the batch's flat event window."""
+        batch = self.rows[list(rows)].to(self.device)
+        output = self.encoder(*batch.model_inputs())
+        exclude = self._excluded(rows)
+        depth = self._depth()
+        n = self.options.rerank_top_n
+        while True:
+            scores, items = self.index.search(output.query, depth, exclude)  # (B, D)
+            if n > 0:
+                head = items[:, :n]
+                head_scores = self.encoder.rerank_scores(output, head)
+                head_scores = torch.where(torch.isneginf(scores[:, :n]), -math.inf, head_scores)
+                order = head_scores.argsort(dim=1, descending=True, stable=True)
+                items = torch.cat([head.gather(1, order), items[:, n:]], dim=1)
+                scores = torch.cat([head_scores.gather(1, order), scores[:, n:]], dim=1)
+            valid = ~torch.isneginf(scores)
+            kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
+            short = kept.sum(dim=1) < self.options.top_k
+            # a category cap can eat the whole depth: look deeper while the catalogue has more
+            if not bool((short & valid.all(dim=1)).any()) or depth >= self.num_model_items:
+                return items, scores, output, batch
+            depth = min(depth * 4, self.num_model_items)
+
+    @torch.no_grad()
+    def _fallback(self, rows: np.ndarray, also_exclude: torch.Tensor | None):
+        """Cold-start candidates for ``rows``: (B, D) items, scores and a source code per item
+        (1 = category_popularity, 2 = popularity)."""
+        store, data = self.data.store, self.data
+        history = _history(store, data.catalogue_index, rows, None).to(self.device)  # (B, L)
+        counts = torch.zeros(len(rows), self.data.catalogue.num_categories, device=self.device)
+        counts.scatter_add_(1, self.category[history], (history >= NUM_RESERVED).float())
+        counts[:, 0] = 0  # "no category" is not a shared category
+
+        def score_chunk(start: int, end: int) -> torch.Tensor:
+            return counts[:, self.category[start:end]] + self.popularity[start:end]  # (B, C)
+
+        exclude = self._excluded(rows)
+        if also_exclude is not None:
+            exclude = also_exclude if exclude is None else torch.cat([exclude, also_exclude], 1)
+        depth = self._depth()
+        while True:
+            scores, items = chunked_topk(
+                score_chunk,
+                self.data.catalogue.size,
+                depth,
+                blocked=self.blocked,
+                exclude=exclude,
+                item_chunk_size=self.options.item_chunk_size,
+            )
+            valid = ~torch.isneginf(scores)
+            kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
+            short = kept.sum(dim=1) < self.options.top_k
+            if not bool((short & valid.all(dim=1)).any()) or depth >= self.data.catalogue.size:
+                break
+            depth = min(depth * 4, self.data.catalogue.size)
+        shared = counts.gather(1, self.category[items]) > 0
+        source = torch.where(shared, 1, 2)
+        return items, scores, source
+
+    @torch.no_grad()
+    def recommend(self, rows: np.ndarray) -> pl.DataFrame:
+        """Recommendations for store rows ``rows`` (one output part), in ``rows`` order."""
+        frames = [
+            self._recommend_batch(rows[i : i + self.options.batch_size])
+            for i in range(0, len(rows), self.options.batch_size)
+        ]
+        return pl.concat(frames) if frames else self.empty()
+
+    def empty(self) -> pl.DataFrame:
+        return self._frame(np.zeros(0, np.int64), *(np.zeros(0),) * 4, None)
+
+    def _recommend_batch(self, rows: np.ndarray) -> pl.DataFrame:
+        o, device = self.options, self.device
+        k = o.top_k
+        model_row = torch.from_numpy(self.known[rows] >= o.min_history).to(device)  # (B,)
+        batch_size = len(rows)
+        items = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        scores = torch.zeros(batch_size, 0, device=device)
+        source = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        output = batch = None
+        if bool(model_row.any()):
+            items, scores, output, batch = self._model_candidates(rows)
+            scores = scores.masked_fill(~model_row[:, None], -math.inf)
+            source = torch.zeros_like(items)
+        valid = ~torch.isneginf(scores)
+        kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
+        need = kept.sum(dim=1) < k
+        if bool(need.any()):
+            fill_rows = torch.nonzero(need).squeeze(1).cpu().numpy()
+            also = None if items.shape[1] == 0 else items[fill_rows]
+            f_items, f_scores, f_source = self._fallback(rows[fill_rows], also)
+            width = f_items.shape[1]
+            pad_items = torch.zeros(batch_size, width, dtype=torch.long, device=device)
+            pad_scores = torch.full((batch_size, width), -math.inf, device=device)
+            pad_source = torch.zeros(batch_size, width, dtype=torch.long, device=device)
+            index = torch.from_numpy(fill_rows).to(device)
+            pad_items[index], pad_scores[index], pad_source[index] = f_items, f_scores, f_source
+            items = torch.cat([items, pad_items], dim=1)
+            scores = torch.cat([scores, pad_scores], dim=1)
+            source = torch.cat([source, pad_source], dim=1)
+            valid = ~torch.isneginf(scores)
+            kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
+        chosen = take_first(kept, k)  # (B, K), -1 = none
+        has = chosen >= 0
+        safe = chosen.clamp(min=0)
+        items, scores, source = (t.gather(1, safe) for t in (items, scores, source))
+        explanations = None
+        if o.explanations and output is not None:
+            explanations = self._explain(items, source, output, batch, rows)
+        has_np = has.cpu().numpy()
+        user_rows = np.repeat(rows, has_np.sum(axis=1))
+        ranks = np.broadcast_to(np.arange(1, k + 1), has_np.shape)[has_np]
+        return self._frame(
+            user_rows,
+            ranks,
+            items.cpu().numpy()[has_np],
+            scores.float().cpu().numpy()[has_np],
+            source.cpu().numpy()[has_np],
+            None if explanations is None else tuple(e[has_np] for e in explanations),
+        )
+
+    def _explain(self, items, source, output, batch, rows):
+        """Top ``explanations`` history events by target-attention weight for each model item:
+        flat event indices (B, K, c) (-1 = none) and weights (B, K, c)."""
+        candidates = torch.where(
+            (source == 0) & (items < self.num_model_items), items, PAD_IDX
+        )  # (B, K)
+        _, weights = self.encoder.rerank_scores(output, candidates, return_attention=True)
+        weights = weights * (candidates != PAD_IDX)[..., None]  # (B, K, T)
+        count = min(self.options.explanations, weights.shape[2])
+        top_weights, position = weights.topk(count, dim=2)  # (B, K, c)
+        width = weights.shape[2]
+        lengths = torch.from_numpy(self.rows.end[rows] - self.rows.start[rows]).to(
+            self.device
+        )  # (B,)
+        start = torch.from_numpy(self.rows.start[rows]).to(self.device)
+        flat = start[:, None, None] + position - (width - lengths)[:, None, None]
+        flat = torch.where(top_weights > 0, flat, -1)
+        return flat.cpu().numpy(), top_weights.float().cpu().numpy()
+
+    def _frame(self, user_rows, ranks, items, scores, source, explanations) -> pl.DataFrame:
+        catalogue = self.data.catalogue
+        items = np.asarray(items, dtype=np.int64)
+        frame = pl.DataFrame(
+            {
+                USER: self.data.store.user_id.gather(user_rows),
+                "rank": pl.Series(ranks, dtype=pl.Int32),
+                ITEM: catalogue.item_ids(items),
+                "score": pl.Series(scores, dtype=pl.Float32),
+                "source": pl.Series(
+                    [SOURCES[int(s)] for s in source], dtype=pl.Enum(list(SOURCES))
+                ),
+            }
+        )
+        count = self.options.explanations
+        if count:
+            events = self.data.events
+            flat = np.full((len(items), count), -1) if explanations is None else explanations[0]
+            weight = np.zeros((len(items), count)) if explanations is None else explanations[1]
+            behaviors = pl.Enum(list(self.model.vocab.behaviors))
+            for j in range(count):
+                index = pl.Series(flat[:, j], dtype=pl.Int64)
+                index = index.set(index < 0, None)
+                valid = index.is_not_null()
+                frame = frame.with_columns(
+                    events[ITEM].gather(index).alias(f"explain_{j + 1}_item_id"),
+                    events[EVENT_TYPE]
+                    .gather(index)
+                    .cast(behaviors)
+                    .alias(f"explain_{j + 1}_behavior"),
+                    events[TIMESTAMP].gather(index).alias(f"explain_{j + 1}_timestamp"),
+                    pl.Series(weight[:, j], dtype=pl.Float32)
+                    .set(~valid, None)
+                    .alias(f"explain_{j + 1}_weight"),
+                )
+        return frame.with_columns(catalogue.categories(items).alias(ITEM_CATEGORY)).select(
+            self.options.columns
+        )
 
 
-def write_atomically(frame: pl.DataFrame, path: str | Path, *, file_format: str) -> Path:
-    """Write ``frame`` to ``path`` through a temporary file in the same folder + rename."""
-    if file_format not in FORMATS:
-        raise ValueError(f"retrieval.format={file_format!r}: use one of {list(FORMATS)}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        if file_format == "parquet":
-            frame.write_parquet(tmp)
-        else:
-            frame.write_csv(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+__all__ = [
+    "CATALOGUE_INDEX",
+    "Recommender",
+    "ScoringData",
+    "ScoringOptions",
+    "SOURCES",
+    "explanation_columns",
+]

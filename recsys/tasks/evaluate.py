@@ -8,7 +8,6 @@ with the protocol as run tags.
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 
 import torch
@@ -21,7 +20,7 @@ from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
 from recsys.tasks import prepare
 from recsys.tasks.train import data_arguments
-from recsys.tracking import Tracker, use_tracker
+from recsys.tracking import Tracker, resolve_model, use_tracker
 from recsys.training.evaluation import evaluate, pick_device
 from recsys.training.module import SeqRecModule
 
@@ -29,18 +28,10 @@ log = logging.getLogger(__name__)
 
 
 def load_model(ref: str | Path, logger_cfg) -> LoadedModel:
-    """``ref`` is a checkpoint path or an MLflow run id whose ``checkpoints/`` holds one."""
-    path = Path(str(ref)).expanduser()
-    if path.is_file():
-        return load_checkpoint(path)
-    if path.suffix == ".ckpt" or "/" in str(ref):
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    tracker = Tracker.from_config(logger_cfg, run_id=str(ref))
-    folder = tracker.download_artifacts("checkpoints", tempfile.mkdtemp(prefix="recsys-ckpt-"))
-    checkpoints = sorted(folder.glob("*.ckpt"))
-    if not checkpoints:
-        raise FileNotFoundError(f"MLflow run {ref} has no checkpoint under checkpoints/")
-    return load_checkpoint(checkpoints[0])
+    """``ref``: a checkpoint path, an MLflow run id or a registered ``<name>@<alias>`` (see
+    :func:`recsys.tracking.resolve_model`)."""
+    path, _ = resolve_model(str(ref), logger_cfg)
+    return load_checkpoint(path)
 
 
 def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:
@@ -85,7 +76,7 @@ def run(
     tracker: Tracker | None = None,
     splits: tuple[str, ...] = ("test",),
 ) -> dict[str, float]:
-    model = load_model(checkpoint or cfg.model_ref, cfg.logger)
+    model = load_model(checkpoint or cfg.model, cfg.logger)
     prepared_dir = prepared_dir or cfg.data.prepared_dir or prepare.run(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,

@@ -1,80 +1,261 @@
-"""Task: a trained model + a (fresh) event log -> top-K recommendations file."""
+"""Task: a trained model + a (fresh) event log -> recommendations for every user of the log.
+
+``run(cfg)`` is ``python -m pipelines.score``: partitioned, atomic, resumable output
+(:mod:`recsys.retrieval.output`), a summary with plots, and an MLflow scoring run linked to the
+model's run. :func:`recommend_frame` is the same scoring in memory, for notebooks and the MLflow
+pyfunc model.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import polars as pl
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
 
-from recsys.config import event_schema, prepare_settings
-from recsys.data.dataset import SequenceStore
-from recsys.data.io import DataError
-from recsys.data.pipeline import load_events, scoring_sequences
-from recsys.retrieval.recommend import recommend, write_atomically
-from recsys.schema import ITEM
-from recsys.tasks.evaluate import load_model
+from recsys.checkpoint import LoadedModel, load_checkpoint, model_digest
+from recsys.config import event_schema, prepare_settings, to_container
+from recsys.data.io import DataError, EventSource
+from recsys.data.pipeline import events_fingerprint, load_events
+from recsys.data.validate import parse_instant
+from recsys.retrieval.output import PartitionedOutput
+from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
+from recsys.retrieval.rules import Rules
+from recsys.retrieval.summary import plot, summarize
+from recsys.schema import ATTRIBUTES, ITEM, SESSION, EventSchema
 from recsys.tasks.prepare import event_source
-from recsys.tracking import Tracker, use_tracker
+from recsys.tracking import Tracker, resolve_model, use_tracker
 from recsys.training.evaluation import pick_device
 
 log = logging.getLogger(__name__)
 
+SUMMARY_FILE = "_summary.json"
+PLOTS_FOLDER = "_plots"
+NOT_SCORING_OPTIONS = ("rules", "output", "as_of", "accelerator")
 
-def parse_as_of(value) -> datetime | None:
-    """``retrieval.as_of``: ISO 8601 (naive = UTC) or null for "after the last event"."""
-    if value is None:
-        return None
-    from datetime import UTC
 
-    try:
-        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError as err:
-        raise ValueError(f"retrieval.as_of={value!r} is not an ISO 8601 timestamp") from err
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+def settings(retrieval: Mapping[str, Any] | None, model: LoadedModel):
+    """``conf/retrieval`` -> (:class:`ScoringOptions`, :class:`Rules`), checked against the
+    model (a target behaviour it never learned to predict is refused)."""
+    retrieval = dict(to_container(retrieval) or {})
+    known = set(ScoringOptions.__dataclass_fields__) | set(NOT_SCORING_OPTIONS)
+    unknown = sorted(set(retrieval) - known)
+    if unknown:
+        raise ValueError(f"retrieval has unknown keys {unknown}; allowed: {sorted(known)}")
+    options = ScoringOptions(**{k: v for k, v in retrieval.items() if k not in NOT_SCORING_OPTIONS})
+    rules = Rules.from_options(retrieval.get("rules"), behaviors=model.vocab.behaviors)
+    target, trained = rules.target_behavior, model.target_behaviors
+    if target is not None and trained is not None and target not in trained:
+        raise ValueError(
+            f"retrieval.rules.target_behavior={target!r}, but {model.path} was trained to "
+            f"predict {list(trained)}: score with a model trained for {target!r} "
+            f"(training.behavior_weights={{{target}: 1}}) or drop the rule"
+        )
+    if options.top_k > model.vocab.items.height and rules.allow_list is None:
+        log.warning(
+            "retrieval.top_k=%d exceeds the model's %d items: lists are filled by the "
+            "popularity fallback",
+            options.top_k,
+            model.vocab.items.height,
+        )
+    return options, rules
+
+
+def check_columns(model: LoadedModel, schema: EventSchema) -> None:
+    """Refuse a log that lacks columns or behaviours the model was trained with."""
+    problems = []
+    if tuple(schema.behaviors) != tuple(model.schema.behaviors):
+        problems.append(
+            f"behaviours: the model has {list(model.schema.behaviors)}, data.behaviors is "
+            f"{list(schema.behaviors)} (map the log's event types onto the model's with "
+            "data.behavior_aliases)"
+        )
+    used = [c for c, name in model.schema.columns.items() if name and c != SESSION]
+    missing = [c for c in used if not schema.has(c)]
+    if missing:
+        wanted = {c: model.schema.columns[c] for c in missing}
+        problems.append(
+            f"columns: the model was trained with {wanted} (canonical: log column) but the "
+            f"scoring data maps no {missing}: set data.columns.<name>=<your column>"
+        )
+    if problems:
+        raise DataError("the event log does not match the model's schema: " + "; ".join(problems))
+
+
+def check_vocabulary(model: LoadedModel, events: pl.DataFrame, source_name: str) -> None:
+    """Refuse a log none of whose items (or attributes) the model knows: the wrong data or the
+    wrong model."""
+    vocab = model.vocab
+    ids = events[ITEM].unique()
+    known = ids.cast(vocab.items.schema[ITEM], strict=False).is_in(vocab.items[ITEM].implode())
+    if int(known.sum()) == 0:
+        raise DataError(
+            f"{source_name}: none of its {ids.len()} item ids are in the model's vocabulary "
+            f"of {vocab.items.height} items (log ids look like {ids.head(3).to_list()} "
+            f"({ids.dtype}), the model's like {vocab.items[ITEM].head(3).to_list()} "
+            f"({vocab.items.schema[ITEM]})): score the model with the log of the same shop, "
+            "or check data.columns.item_id"
+        )
+    if ATTRIBUTES in events.columns and vocab.attributes.height:
+        attributes = events[ATTRIBUTES].explode().drop_nulls().unique()
+        if attributes.len() and not attributes.is_in(vocab.attributes["attribute"].implode()).any():
+            raise DataError(
+                f"{source_name}: none of its {attributes.len()} categories / attributes are in "
+                f"the model's vocabulary (log: {attributes.head(3).to_list()}, model: "
+                f"{vocab.attributes['attribute'].head(3).to_list()}): check data.columns"
+            )
+    log.info("%d of %d item ids of the log are in the model's vocabulary", known.sum(), ids.len())
+
+
+def _chunks(data: ScoringData, size: int) -> list[np.ndarray]:
+    users = np.arange(data.store.num_users)
+    return [users[i : i + size] for i in range(0, len(users), size)]
+
+
+def recommend_frame(
+    model: LoadedModel,
+    events: EventSource,
+    *,
+    schema: EventSchema | None = None,
+    retrieval: Mapping[str, Any] | None = None,
+    as_of: str | datetime | None = None,
+    device: str = "cpu",
+) -> pl.DataFrame:
+    """Recommendations for every user of ``events`` (a frame or file with the columns the
+    model was trained with, unless ``schema`` says otherwise), in memory. ``retrieval``:
+    ``conf/retrieval`` keys, e.g. ``{"top_k": 5, "rules": {"max_per_category": 2}}``."""
+    schema = schema or model.schema
+    check_columns(model, schema)
+    options, rules = settings(retrieval, model)
+    loaded = load_events(events, schema)
+    check_vocabulary(model, loaded, "events")
+    as_of = parse_instant(as_of, option="as_of")
+    data = ScoringData.build(model, loaded, rules=rules, options=options, as_of=as_of)
+    recommender = Recommender(model, data, rules=rules, options=options, device=device)
+    frames = [recommender.recommend(rows) for rows in _chunks(data, options.user_chunk_size)]
+    return pl.concat(frames) if frames else recommender.empty()
 
 
 def run(
-    cfg: DictConfig, checkpoint: str | Path | None = None, *, tracker: Tracker | None = None
+    cfg: DictConfig,
+    checkpoint: str | Path | None = None,
+    *,
+    tracker: Tracker | None = None,
+    after_part: Callable[[int], None] | None = None,
 ) -> Path:
-    retrieval = cfg.retrieval
-    model = load_model(checkpoint or cfg.model_ref, cfg.logger)
-    schema = event_schema(cfg.data)
-    if tuple(schema.behaviors) != tuple(model.schema.behaviors):
-        raise DataError(
-            f"the model was trained on behaviours {list(model.schema.behaviors)} but "
-            f"data.behaviors is {list(schema.behaviors)}: map the log's event types onto "
-            "the model's (data.behavior_aliases)"
-        )
+    """Score ``data.source`` with ``model`` (or ``checkpoint``); returns the output folder.
+    ``after_part(i)`` is called after part ``i`` is written (tests inject faults there)."""
     started = time.perf_counter()
-    settings = prepare_settings(cfg.data)
-    events = load_events(
-        event_source(cfg), schema, bad_rows=settings.bad_rows, as_of=settings.as_of
+    retrieval = to_container(cfg.retrieval)
+    if checkpoint is not None:
+        path, model_tags = Path(checkpoint), {"model.uri": str(Path(checkpoint).absolute())}
+    else:
+        path, model_tags = resolve_model(str(cfg.model), cfg.logger)
+    model = load_checkpoint(path)
+    schema = event_schema(cfg.data)
+    check_columns(model, schema)
+    options, rules = settings(retrieval, model)
+    prepare = prepare_settings(cfg.data)
+    source = event_source(cfg)
+    events = load_events(source, schema, bad_rows=prepare.bad_rows, as_of=prepare.as_of)
+    check_vocabulary(model, events, str(cfg.data.source))
+    as_of = parse_instant(retrieval.get("as_of"), option="retrieval.as_of")
+    data = ScoringData.build(model, events, rules=rules, options=options, as_of=as_of)
+    fingerprint = events_fingerprint(events)
+    output_cfg = retrieval.get("output") or {}
+    job = {
+        "model": model_digest(model),
+        "data": fingerprint,
+        "as_of": str(as_of),
+        "options": {k: v for k, v in retrieval.items() if k not in ("output", "accelerator")},
+        "formats": output_cfg.get("formats", ["parquet"]),
+        "list_files": _list_file_digests(rules),
+    }
+    output = PartitionedOutput(
+        output_cfg["path"],
+        formats=output_cfg.get("formats", ["parquet"]),
+        job=job,
+        overwrite=bool(output_cfg.get("overwrite", False)),
     )
-    as_of = parse_as_of(retrieval.as_of)
-    store = SequenceStore.from_frame(scoring_sequences(events, vocab=model.vocab, as_of=as_of))
-    frame = recommend(
-        model,
-        store,
-        top_k=retrieval.top_k,
-        rerank_top_n=retrieval.rerank_top_n,
-        exclude_seen=retrieval.exclude_seen,
-        batch_size=retrieval.batch_size,
-        query_time=None if as_of is None else int(as_of.timestamp()),
-        device=pick_device(retrieval.accelerator),
-    )
-    path = write_atomically(frame, retrieval.output, file_format=retrieval.format)
+    device = pick_device(retrieval.get("accelerator", "auto"))
+    timings = {}
+    if not output.complete:
+        recommender = Recommender(model, data, rules=rules, options=options, device=device)
+        timings["score/setup_seconds"] = time.perf_counter() - started
+        chunks = _chunks(data, options.user_chunk_size)
+        scoring_started = time.perf_counter()
+        for part, rows in enumerate(tqdm(chunks, desc="score", unit="part", mininterval=2.0)):
+            if output.done(part):
+                continue
+            output.write(part, recommender.recommend(rows))
+            if after_part is not None:
+                after_part(part)
+        timings["score/scoring_seconds"] = time.perf_counter() - scoring_started
+        summary = summarize(
+            output.scan(),
+            data.catalogue,
+            train_counts=model.vocab.item_train_counts(),
+            recommendable=int((~recommender.blocked).sum()),
+        )
+        counts = summary.pop("_counts")
+        summary_path = output.staging / SUMMARY_FILE
+        summary_path.write_text(json.dumps(summary, indent=2))
+        plot({**summary, "_counts": counts}, output.staging / PLOTS_FOLDER)
+        output.commit()
+    summary = json.loads((output.path / SUMMARY_FILE).read_text())
+    seconds = time.perf_counter() - started
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
-        tracker.log_metrics(
+        tracker.set_tags(
             {
-                "score/users": store.num_users,
-                "score/rows": frame.height,
-                "score/seconds": time.perf_counter() - started,
-                "score/catalogue_coverage": frame[ITEM].n_unique() / model.vocab.items.height,
+                **model_tags,
+                "task": "score",
+                "score.output": str(output.path),
+                "score.as_of": str(as_of or "end of log"),
+                "data.fingerprint": fingerprint,
+                "model.data_fingerprint": str(model.data_fingerprint),
             }
         )
-        tracker.set_tags({"score.output": str(path), "score.as_of": str(as_of or "end of log")})
-    log.info("wrote %d recommendations for %d users to %s", frame.height, store.num_users, path)
-    return path
+        tracker.log_metrics(
+            {
+                "score/users": data.store.num_users,
+                "score/rows": summary["rows"],
+                "score/seconds": seconds,
+                "score/users_per_second": data.store.num_users / max(seconds, 1e-9),
+                "score/catalogue_coverage": summary["catalogue_coverage"],
+                "score/fallback_share": summary["fallback_share"],
+                "score/popularity_gini": summary["popularity"]["gini"],
+                **timings,
+            }
+        )
+        tracker.log_artifact(output.path / SUMMARY_FILE, "score")
+        tracker.log_artifact(output.path / PLOTS_FOLDER, "score/plots")
+    log.info(
+        "wrote %d recommendations for %d users to %s in %.1f s (coverage %.1f%%, fallback %.1f%%)",
+        summary["rows"],
+        data.store.num_users,
+        output.path,
+        seconds,
+        100 * summary["catalogue_coverage"],
+        100 * summary["fallback_share"],
+    )
+    return output.path
+
+
+def _list_file_digests(rules: Rules) -> dict[str, str]:
+    """Allow/deny list files by content, so a changed list is a different job."""
+    import hashlib
+
+    digests = {}
+    for name in ("allow_list", "deny_list"):
+        value = getattr(rules, name)
+        if isinstance(value, str) and Path(value).expanduser().is_file():
+            digests[name] = hashlib.sha256(Path(value).expanduser().read_bytes()).hexdigest()
+    return digests

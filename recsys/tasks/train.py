@@ -11,7 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from recsys.checkpoint import checkpoint_extra
+from recsys.checkpoint import checkpoint_extra, write_scoring_checkpoint
 from recsys.config import event_schema, to_container
 from recsys.data.datamodule import SeqRecDataModule
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
@@ -70,6 +70,15 @@ def data_arguments(vocab: Vocab) -> dict:
     }
 
 
+def trained_targets(cfg: DictConfig, vocab: Vocab) -> list[str]:
+    """The behaviours the model learns to predict: those with a positive
+    ``training.behavior_weights`` weight (every behaviour when none are given)."""
+    weights = cfg.training.get("behavior_weights") or {}
+    if not weights:
+        return list(vocab.behaviors)
+    return [b for b in vocab.behaviors if float(weights.get(b, 0)) > 0]
+
+
 def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
     """Resolved config (flattened params + yaml), vocabularies and dataset statistics."""
     tracker.log_params(flatten(to_container(cfg)))
@@ -106,6 +115,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
             time_buckets=datamodule.time_buckets,
             max_seq_len=cfg.data.max_seq_len,
             data_fingerprint=datamodule.stats["fingerprint"],
+            target_behaviors=trained_targets(cfg, datamodule.vocab),
         ),
     )
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
@@ -123,6 +133,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
             raise RuntimeError("training produced no checkpoint: keep callbacks.model_checkpoint")
         best = Path(checkpoint_cb.best_model_path)
         tracker.log_artifact(best, "checkpoints")
+        scoring = write_scoring_checkpoint(best, best.parent / "scoring" / "model.ckpt")
+        tracker.log_model(
+            scoring,
+            registered_model_name=(cfg.logger or {}).get("registered_model_name"),
+            alias=(cfg.logger or {}).get("model_alias"),
+        )
         best_score = checkpoint_cb.best_model_score
         best_val = {} if best_score is None else {"best/val_ndcg_at_10": float(best_score)}
         tracker.log_metrics(best_val)

@@ -1,0 +1,451 @@
+"""Export a trained encoder for serving: a TorchScript user encoder plus a plain item table.
+
+Serving contract. An export folder holds:
+
+- ``user_encoder.pt``: a TorchScript module (load with ``torch.jit.load``; no ``recsys`` import
+  needed) whose ``forward(item, behavior, time_bucket, padding_mask, query_time_bucket=None)``
+  returns the user query vector ``query`` (B, D), the encoder's state after the most recent event.
+  Inputs are the encoder's (see :meth:`recsys.data.batch.SeqBatch.model_inputs`):
+
+  - ``item``, ``behavior``, ``time_bucket``: (B, T) int64 vocabulary indices, **left-padded**
+    (the most recent event at position T-1), 0 (PAD) at padding positions;
+  - ``padding_mask``: (B, T) bool, True = a real token;
+  - ``query_time_bucket``: (B, T) int64, the time-gap bucket from each event to the moment the
+    prediction is for (0 = unknown, the same as passing None).
+
+  Any B >= 1 and 1 <= T <= ``max_seq_len`` work (clip longer histories to their last
+  ``max_seq_len`` events); shapes, dtypes and T are checked, and a bad input raises
+  ``torch.jit.Error`` whose message starts ``builtins.ValueError:`` and says what to fix.
+  SASRec ignores ``behavior``, ``time_bucket`` and ``query_time_bucket`` but takes them, so every
+  encoder is served the same way.
+- ``item_table.pt``: ``{"keys": (I, D) float32, "bias": (I,) float32}``, saved with
+  ``torch.save`` and loadable with ``torch.load(..., weights_only=True)``. Row ``i`` is item
+  vocabulary index ``i``; ``bias`` already holds -inf for PAD (0) and UNK (1), so they are never
+  recommended. Scores over the whole catalogue are::
+
+      scores = query @ keys.T + bias        # (B, I); top-k of each row = recommendations
+
+  which is exactly ``encoder.score_items(encoder(*inputs).query)`` of the Python model; keys can
+  equally go into an approximate-nearest-neighbour index (inner product, plus the bias).
+- ``export.json``: shapes, dtypes, the input names and order, ``max_seq_len``, the torch version,
+  the encoder class and config, and the scoring rule above.
+- ``vocab.json`` (only when exporting a :class:`recsys.checkpoint.LoadedModel`): what turns raw
+  events into inputs and indices back into item ids: ``item_id[i - 2]`` is the id of index ``i``,
+  the behaviour names (index 2, 3, ...), the time-bucket settings and the event schema.
+
+The encoder is traced with ``torch.jit.trace`` (checked on inputs of other batch sizes and
+sequence lengths) in eval mode, on CPU, in float32. Tracing records device constants, so the
+exported encoder runs on CPU only. :func:`load_exported` reads a folder back and scores with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from recsys.checkpoint import LoadedModel
+from recsys.schema import NUM_RESERVED, PAD_IDX
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+ENCODER_FILE = "user_encoder.pt"
+ITEM_TABLE_FILE = "item_table.pt"
+METADATA_FILE = "export.json"
+VOCAB_FILE = "vocab.json"
+INPUT_NAMES = ("item", "behavior", "time_bucket", "padding_mask", "query_time_bucket")
+SCORING = "scores = query @ keys.T + bias"
+
+
+class _QueryVector(nn.Module):
+    """The part that is traced: encoder inputs -> the user query vector (B, D)."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(
+        self,
+        item: torch.Tensor,
+        behavior: torch.Tensor,
+        time_bucket: torch.Tensor,
+        padding_mask: torch.Tensor,
+        query_time_bucket: torch.Tensor,
+    ) -> torch.Tensor:
+        return self.encoder(item, behavior, time_bucket, padding_mask, query_time_bucket).query
+
+
+class _ServingEncoder(nn.Module):
+    """Scripted shell around the traced encoder: the input checks tracing cannot keep (the
+    encoders' ``T <= max_seq_len`` check is Python control flow, which a trace drops; past it a
+    positional table slice would silently go wrong) and the optional ``query_time_bucket``."""
+
+    def __init__(self, traced: nn.Module, max_seq_len: int) -> None:
+        super().__init__()
+        self.traced = traced
+        self.max_seq_len = max_seq_len
+
+    def forward(
+        self,
+        item: torch.Tensor,
+        behavior: torch.Tensor,
+        time_bucket: torch.Tensor,
+        padding_mask: torch.Tensor,
+        query_time_bucket: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if query_time_bucket is None:
+            query_time_bucket = torch.zeros_like(item)
+        if item.dim() != 2 or item.shape[0] < 1 or item.shape[1] < 1:
+            raise ValueError(f"item has shape {item.shape}: pass (B, T) with B >= 1 and T >= 1")
+        for name, tensor in [
+            ("behavior", behavior),
+            ("time_bucket", time_bucket),
+            ("padding_mask", padding_mask),
+            ("query_time_bucket", query_time_bucket),
+        ]:
+            if tensor.shape != item.shape:
+                raise ValueError(
+                    f"{name} has shape {tensor.shape} but item has {item.shape}: "
+                    f"every input is (B, T)"
+                )
+        for name, tensor in [
+            ("item", item),
+            ("behavior", behavior),
+            ("time_bucket", time_bucket),
+            ("query_time_bucket", query_time_bucket),
+        ]:
+            if tensor.dtype != torch.long:
+                raise ValueError(f"{name} must be int64 (torch.long) indices")
+        if padding_mask.dtype != torch.bool:
+            raise ValueError("padding_mask must be a bool tensor, True = real token")
+        if item.shape[1] > self.max_seq_len:
+            raise ValueError(
+                f"sequence length T={item.shape[1]} exceeds max_seq_len={self.max_seq_len}: "
+                f"keep the last {self.max_seq_len} events"
+            )
+        return self.traced(item, behavior, time_bucket, padding_mask, query_time_bucket)
+
+
+@dataclass
+class ExportedModel:
+    """An export folder read back: score users without the ``recsys`` model code."""
+
+    user_encoder: torch.jit.ScriptModule
+    keys: torch.Tensor  # (I, D)
+    bias: torch.Tensor  # (I,), -inf for PAD and UNK
+    metadata: dict[str, Any] = field(default_factory=dict)
+    folder: Path | None = None
+
+    @torch.no_grad()
+    def encode(
+        self,
+        item: torch.Tensor,
+        behavior: torch.Tensor,
+        time_bucket: torch.Tensor,
+        padding_mask: torch.Tensor,
+        query_time_bucket: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Shapes: inputs (B, T) (see the module docstring) -> query (B, D)."""
+        return self.user_encoder(item, behavior, time_bucket, padding_mask, query_time_bucket)
+
+    @torch.no_grad()
+    def score(
+        self,
+        item: torch.Tensor,
+        behavior: torch.Tensor,
+        time_bucket: torch.Tensor,
+        padding_mask: torch.Tensor,
+        query_time_bucket: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``query @ keys.T + bias`` for every item. Shapes: inputs (B, T) -> scores (B, I),
+        -inf in the PAD and UNK columns."""
+        query = self.encode(item, behavior, time_bucket, padding_mask, query_time_bucket)
+        return query @ self.keys.T + self.bias
+
+
+def export_model(
+    model: LoadedModel | nn.Module, folder: str | Path, *, overwrite: bool = False
+) -> dict[str, Path]:
+    """Write the user encoder, the item table and their description into ``folder``.
+
+    ``model`` is a loaded checkpoint or a bare encoder (ATRank, SASRec: anything with the
+    encoder interface and a ``config`` holding ``max_seq_len``). The encoder is copied, so the
+    caller's module is left as it was (mode, device, dtype). Files are written into a temporary
+    sibling folder that is renamed into place, so ``folder`` never holds a partial export.
+    Raises ValueError when ``folder`` exists and is not empty, unless ``overwrite`` is set.
+
+    Returns the path of each file written, by name: ``user_encoder``, ``item_table``,
+    ``metadata`` and, for a LoadedModel, ``vocab``.
+    """
+    folder = Path(folder)
+    _check_target(folder, overwrite)
+    loaded = model if isinstance(model, LoadedModel) else None
+    source = loaded.encoder if loaded is not None else model
+    if not isinstance(source, nn.Module):
+        raise ValueError(
+            f"model is a {type(model).__name__}: pass a LoadedModel (recsys.checkpoint."
+            f"load_checkpoint) or an encoder nn.Module"
+        )
+    config = getattr(source, "config", None)
+    config = dict(config) if isinstance(config, dict) else {}
+    max_seq_len = loaded.max_seq_len if loaded is not None else config.get("max_seq_len")
+    if not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise ValueError(
+            f"cannot tell the encoder's max_seq_len (config has {max_seq_len!r}): pass a "
+            f"LoadedModel or an encoder whose .config holds max_seq_len"
+        )
+
+    encoder = copy.deepcopy(source).to(device="cpu", dtype=torch.float32).eval()
+    encoder.requires_grad_(False)
+    with torch.no_grad():
+        keys = encoder.item_keys().detach().clone().contiguous()  # (I, D)
+        bias = _item_bias(encoder).detach().clone().contiguous()  # (I,)
+        user_encoder = _script_encoder(encoder, max_seq_len)
+    _warn_if_zero_bucket_is_not_none(encoder)
+
+    metadata = _metadata(encoder, config, keys, bias, max_seq_len)
+    if loaded is not None:
+        metadata["checkpoint"] = {
+            "path": str(loaded.path),
+            "data_fingerprint": getattr(loaded, "data_fingerprint", None),
+            "target_behaviors": _plain_list(getattr(loaded, "target_behaviors", None)),
+        }
+    files = {
+        "user_encoder": ENCODER_FILE,
+        "item_table": ITEM_TABLE_FILE,
+        "metadata": METADATA_FILE,
+    }
+    if loaded is not None:
+        files["vocab"] = VOCAB_FILE
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        torch.jit.save(user_encoder, str(tmp / ENCODER_FILE))
+        torch.save({"keys": keys, "bias": bias}, tmp / ITEM_TABLE_FILE)
+        _write_json(tmp / METADATA_FILE, metadata)
+        if loaded is not None:
+            _write_json(tmp / VOCAB_FILE, _vocab_plain(loaded))
+        _replace_folder(tmp, folder, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info(
+        "exported %s (I=%d items, D=%d, max_seq_len=%d) to %s",
+        type(source).__name__,
+        keys.shape[0],
+        keys.shape[1],
+        max_seq_len,
+        folder,
+    )
+    return {name: folder / filename for name, filename in files.items()}
+
+
+def load_exported(folder: str | Path) -> ExportedModel:
+    """Read an export folder written by :func:`export_model` (CPU tensors)."""
+    folder = Path(folder)
+    metadata_path = folder / METADATA_FILE
+    if not metadata_path.is_file():
+        raise FileNotFoundError(
+            f"{folder} has no {METADATA_FILE}: pass a folder written by recsys.export.export_model"
+        )
+    metadata = json.loads(metadata_path.read_text())
+    version = metadata.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"{metadata_path} has format_version={version!r}; this code reads version "
+            f"{FORMAT_VERSION}: re-export the model with this version of recsys"
+        )
+    user_encoder = torch.jit.load(str(folder / ENCODER_FILE), map_location="cpu")
+    user_encoder.eval()
+    table = torch.load(folder / ITEM_TABLE_FILE, map_location="cpu", weights_only=True)
+    return ExportedModel(
+        user_encoder=user_encoder,
+        keys=table["keys"],
+        bias=table["bias"],
+        metadata=metadata,
+        folder=folder,
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _check_target(folder: Path, overwrite: bool) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"export folder {folder} exists and is not a folder: pick another path")
+    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+        raise ValueError(
+            f"export folder {folder} exists and is not empty: pick a new folder or pass "
+            f"overwrite=True to replace it"
+        )
+
+
+def _replace_folder(tmp: Path, folder: Path, overwrite: bool) -> None:
+    """Rename ``tmp`` to ``folder``; an existing (empty, or with ``overwrite``) ``folder`` is
+    moved aside first and deleted only once the new one is in place."""
+    _check_target(folder, overwrite)  # again: it may have changed while exporting
+    old = None
+    if folder.exists():
+        old = folder.parent / f".{folder.name}.old-{uuid.uuid4().hex}"
+        folder.rename(old)
+    try:
+        tmp.rename(folder)
+    except BaseException:
+        if old is not None:
+            old.rename(folder)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _item_bias(encoder: nn.Module) -> torch.Tensor:
+    """(I,) the additive part of ``score_items``: item_bias (ATRank; SASRec has none) plus
+    never_recommended (-inf for PAD and UNK)."""
+    never = encoder.never_recommended
+    item_bias = getattr(encoder, "item_bias", None)
+    return never.clone() if item_bias is None else item_bias + never
+
+
+def _example_inputs(
+    batch_size: int, seq_len: int, max_seq_len: int, seed: int
+) -> tuple[torch.Tensor, ...]:
+    """Left-padded inputs that are valid for any encoder: item 2 is the first real item,
+    behaviour 2 the first real behaviour, time bucket 1 the first real bucket (every
+    vocabulary has them). Row lengths cycle through 1..seq_len."""
+    seq_len = min(seq_len, max_seq_len)
+    lengths = (torch.arange(batch_size) + seed) % seq_len + 1  # (B,)
+    padding_mask = torch.arange(seq_len)[None, :] >= seq_len - lengths[:, None]  # (B, T)
+    ones = padding_mask.long()
+    item = NUM_RESERVED * ones
+    behavior = NUM_RESERVED * ones
+    time_bucket = ones
+    query_time_bucket = ones
+    return item, behavior, time_bucket, padding_mask, query_time_bucket
+
+
+def _script_encoder(encoder: nn.Module, max_seq_len: int) -> torch.jit.ScriptModule:
+    """Trace the query path (checked against the Python module on other batch sizes and
+    sequence lengths, which fails if a shape got baked in) and wrap it in the scripted shell."""
+    example = _example_inputs(2, 4, max_seq_len, seed=0)
+    checks = [
+        _example_inputs(3, max_seq_len, max_seq_len, seed=1),
+        _example_inputs(1, 1, max_seq_len, seed=0),
+    ]
+    with warnings.catch_warnings():
+        # The encoders' T <= max_seq_len check turns a traced size into a Python bool; the
+        # scripted shell re-implements it, so the trace's constant is harmless.
+        warnings.filterwarnings(
+            "ignore", message="Converting a tensor to a Python boolean", category=Warning
+        )
+        traced = torch.jit.trace(_QueryVector(encoder), example, check_inputs=checks)
+    scripted = torch.jit.script(_ServingEncoder(traced, max_seq_len))
+    # Belt and braces: the scripted module on one more shape equals the Python encoder.
+    probe = _example_inputs(2, max(1, max_seq_len - 1), max_seq_len, seed=2)
+    expected = encoder(*probe).query
+    got = scripted(*probe)
+    if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+        raise RuntimeError(
+            f"the exported encoder disagrees with {type(encoder).__name__} (max abs diff "
+            f"{(got - expected).abs().max().item():.3g}); export this encoder another way"
+        )
+    return scripted
+
+
+def _warn_if_zero_bucket_is_not_none(encoder: nn.Module) -> None:
+    table = getattr(encoder, "query_time_embedding", None)
+    if isinstance(table, nn.Embedding) and bool(table.weight[PAD_IDX].any()):
+        log.warning(
+            "query_time_embedding row 0 is not zero: the exported encoder's default "
+            "query_time_bucket (zeros) will not match the Python encoder called with None"
+        )
+
+
+def _metadata(
+    encoder: nn.Module,
+    config: dict[str, Any],
+    keys: torch.Tensor,
+    bias: torch.Tensor,
+    max_seq_len: int,
+) -> dict[str, Any]:
+    num_items, dim = keys.shape
+    token = {"shape": ["B", "T"], "dtype": "int64"}
+    return {
+        "format_version": FORMAT_VERSION,
+        "torch_version": torch.__version__,
+        "encoder_class": f"{type(encoder).__module__}.{type(encoder).__qualname__}",
+        "encoder_config": config,
+        "device": "cpu",
+        "dtype": "float32",
+        "max_seq_len": max_seq_len,
+        "num_items": num_items,
+        "d_model": dim,
+        "pad_index": PAD_IDX,
+        "num_reserved": NUM_RESERVED,
+        "files": {
+            "user_encoder": ENCODER_FILE,
+            "item_table": ITEM_TABLE_FILE,
+        },
+        "user_encoder": {
+            "format": "torchscript",
+            "load": "torch.jit.load(path, map_location='cpu')",
+            "input_names": list(INPUT_NAMES),
+            "inputs": {
+                "item": token,
+                "behavior": token,
+                "time_bucket": token,
+                "padding_mask": {"shape": ["B", "T"], "dtype": "bool"},
+                "query_time_bucket": {**token, "optional": True},
+            },
+            "output": {"name": "query", "shape": ["B", dim], "dtype": "float32"},
+            "batch": "1 <= T <= max_seq_len, any B >= 1",
+            "padding": "left-padded: most recent event at position T-1; PAD (0) and "
+            "padding_mask False at padding positions; padding_mask True = real token",
+            "query_time_bucket": "bucket of the gap to the moment the prediction is for; "
+            "0 = unknown (the same as None)",
+        },
+        "item_table": {
+            "format": "torch.save dict; torch.load(path, weights_only=True)",
+            "keys": {"shape": [num_items, dim], "dtype": str(keys.dtype).removeprefix("torch.")},
+            "bias": {"shape": [num_items], "dtype": str(bias.dtype).removeprefix("torch.")},
+            "row": "item vocabulary index; 0 = PAD and 1 = UNK have bias -inf",
+        },
+        "scoring": f"{SCORING}  # (B, I); take the top-k of each row",
+    }
+
+
+def _vocab_plain(loaded: LoadedModel) -> dict[str, Any]:
+    vocab = loaded.vocab.to_plain()
+    time_buckets = loaded.time_buckets
+    return {
+        "item_id": vocab["item_id"],
+        "item_id_note": f"item_id[i - {NUM_RESERVED}] is the id of item index i",
+        "behaviors": vocab["behaviors"],
+        "behaviors_note": f"behaviors[j] has index j + {NUM_RESERVED}",
+        "time_buckets": {
+            "unit_seconds": time_buckets.unit_seconds,
+            "num_buckets": time_buckets.num_buckets,
+            "reference": time_buckets.reference,
+        },
+        "schema": loaded.schema.to_dict(),
+        "target_behaviors": _plain_list(getattr(loaded, "target_behaviors", None)),
+    }
+
+
+def _plain_list(values: Any) -> list[Any] | None:
+    return None if values is None else list(values)
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")

@@ -1,0 +1,29 @@
+"""The MLflow pyfunc face of a recsys model (MLflow "models from code": this file is copied
+into the packaged model and run by ``mlflow.pyfunc.load_model``; nothing is unpickled).
+
+``mlflow.pyfunc.load_model("models:/<name>@<alias>").predict(events_df, params={...})`` scores
+a pandas event log (the columns the model was trained with) and returns the recommendations
+as a pandas frame (the columns of :mod:`recsys.retrieval.recommend`). ``params`` are
+``conf/retrieval`` keys (``top_k``, ``rules``, ...). recsys' own loader
+(:func:`recsys.tracking.resolve_model`) reads the packaged checkpoint directly.
+"""
+
+from __future__ import annotations
+
+import mlflow
+from mlflow.pyfunc import PythonModel
+
+
+class RecsysModel(PythonModel):
+    def load_context(self, context) -> None:
+        from recsys.checkpoint import load_checkpoint
+
+        self.model = load_checkpoint(context.artifacts["checkpoint"])
+
+    def predict(self, context, model_input, params=None):
+        from recsys.tasks.score import recommend_frame
+
+        return recommend_frame(self.model, model_input, retrieval=dict(params or {})).to_pandas()
+
+
+mlflow.models.set_model(RecsysModel())

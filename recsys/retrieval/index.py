@@ -1,0 +1,227 @@
+"""Stage 1 of scoring: top-``depth`` items per user query, with memory bounded by chunks.
+
+``score = query · key + bias`` over the item key table. Two indexes answer the same call:
+
+- :class:`ExactIndex` walks the catalogue in chunks of ``item_chunk_size`` items, so a batch
+  of B users never holds more than ``B x item_chunk_size`` scores (a 1 M-item catalogue in
+  chunks of 65 536 items: 512 users x 65 536 x 4 bytes = 128 MiB), and keeps a running top.
+- :class:`FaissIndex` (optional, ``pip install recsys[ann]``): an approximate HNSW or IVF
+  inner-product index. The bias is folded in as one more dimension (``[q, 1] · [k, b]``).
+
+Both drop ``blocked`` items (PAD, UNK, deny-listed, outside an allow-list) and each row's
+``exclude`` items (e.g. what the user has seen). Rows with fewer than ``depth`` admissible items
+are padded with score ``-inf`` (item 0, PAD), which callers treat as "no item".
+
+The same :func:`chunked_topk` serves any score function over the catalogue, so the cold-start
+popularity scores go through the same rules as the model's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+INDEXES = ("exact", "faiss")
+
+
+def _check_positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"retrieval.{name}={value!r} must be a positive integer")
+    return value
+
+
+def mask_items(scores: torch.Tensor, items: torch.Tensor, start: int) -> torch.Tensor:
+    """Set ``scores[b, items[b, j] - start]`` to ``-inf`` for the items inside this chunk
+    (``items`` may hold any index; PAD-filled rows are fine). In place; returns ``scores``.
+
+    Shapes: scores (B, C) for items ``start .. start+C-1``; items (B, T).
+    """
+    width = scores.shape[1]
+    local = items - start
+    inside = (local >= 0) & (local < width)
+    # indices outside the chunk go to a spare column, so no index is written twice
+    local = torch.where(inside, local, width)
+    padded = torch.cat([scores, scores.new_zeros(scores.shape[0], 1)], dim=1)  # (B, C+1)
+    padded.scatter_(1, local, -math.inf)
+    scores.copy_(padded[:, :width])
+    return scores
+
+
+def chunked_topk(
+    score_chunk: Callable[[int, int], torch.Tensor],
+    num_items: int,
+    depth: int,
+    *,
+    blocked: torch.Tensor,
+    exclude: torch.Tensor | None = None,
+    item_chunk_size: int = 65_536,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``depth`` of ``score_chunk(start, end) -> (B, end - start)`` over items
+    ``0 .. num_items - 1``, one chunk at a time.
+
+    Shapes: blocked (num_items,) bool, True = never returned; exclude (B, T) item indices.
+    Returns scores (B, depth) best first and items (B, depth) long.
+    """
+    best_scores = best_items = None
+    for start in range(0, num_items, item_chunk_size):
+        end = min(start + item_chunk_size, num_items)
+        scores = score_chunk(start, end).float().clone()  # (B, C)
+        scores.masked_fill_(blocked[start:end], -math.inf)
+        if exclude is not None:
+            mask_items(scores, exclude, start)
+        items = torch.arange(start, end, device=scores.device).expand_as(scores)
+        if best_scores is not None:
+            scores = torch.cat([best_scores, scores], dim=1)
+            items = torch.cat([best_items, items], dim=1)
+        k = min(depth, scores.shape[1])
+        best_scores, position = scores.topk(k, dim=1)  # (B, k)
+        best_items = items.gather(1, position)
+    if best_scores.shape[1] < depth:  # a catalogue smaller than depth
+        missing = depth - best_scores.shape[1]
+        best_scores = torch.cat(
+            [best_scores, best_scores.new_full((best_scores.shape[0], missing), -math.inf)], 1
+        )
+        best_items = torch.cat([best_items, best_items.new_zeros(best_items.shape[0], missing)], 1)
+    best_items = best_items.masked_fill(torch.isneginf(best_scores), 0)
+    return best_scores, best_items
+
+
+@dataclass
+class ExactIndex:
+    """Exact inner-product search over ``keys`` (I, D) plus ``bias`` (I,), in item chunks."""
+
+    keys: torch.Tensor
+    bias: torch.Tensor
+    blocked: torch.Tensor
+    item_chunk_size: int = 65_536
+
+    def __post_init__(self) -> None:
+        _check_positive("item_chunk_size", self.item_chunk_size)
+
+    @property
+    def num_items(self) -> int:
+        return self.keys.shape[0]
+
+    def search(
+        self, query: torch.Tensor, depth: int, exclude: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shapes: query (B, D); exclude (B, T) -> scores, items (B, depth)."""
+
+        def score_chunk(start: int, end: int) -> torch.Tensor:
+            return query @ self.keys[start:end].T + self.bias[start:end]  # (B, C)
+
+        return chunked_topk(
+            score_chunk,
+            self.num_items,
+            depth,
+            blocked=self.blocked,
+            exclude=exclude,
+            item_chunk_size=self.item_chunk_size,
+        )
+
+
+class FaissIndex:
+    """Approximate search with faiss over the admissible items only.
+
+    ``kind``: ``hnsw`` (graph, ``hnsw_m`` links per node, ``ef_search`` breadth at query time)
+    or ``ivf`` (``nlist`` clusters, ``nprobe`` visited per query); ``flat`` is exact faiss
+    (a reference for recall). Rows' ``exclude`` items are removed after the search, which asks
+    for ``depth + T`` neighbours so that excluding up to T items still leaves ``depth``.
+    """
+
+    def __init__(
+        self,
+        keys: torch.Tensor,
+        bias: torch.Tensor,
+        blocked: torch.Tensor,
+        *,
+        kind: str = "hnsw",
+        hnsw_m: int = 32,
+        ef_construction: int = 80,
+        ef_search: int = 128,
+        nlist: int = 1024,
+        nprobe: int = 32,
+        threads: int | None = None,
+    ) -> None:
+        try:
+            import faiss
+        except ImportError as err:
+            raise ImportError(
+                "retrieval.index=faiss needs faiss: pip install 'recsys[ann]' (faiss-cpu), "
+                "or use retrieval.index=exact"
+            ) from err
+        self.faiss = faiss
+        if threads:
+            faiss.omp_set_num_threads(int(threads))
+        self.num_items = keys.shape[0]
+        self.ids = torch.nonzero(~blocked.cpu()).squeeze(1)  # faiss row -> item index
+        vectors = torch.cat([keys.detach().cpu(), bias.detach().cpu()[:, None]], dim=1)
+        vectors = np.ascontiguousarray(vectors[self.ids].numpy(), dtype=np.float32)
+        dim = vectors.shape[1]
+        metric = faiss.METRIC_INNER_PRODUCT
+        if kind == "flat":
+            index = faiss.IndexFlatIP(dim)
+        elif kind == "hnsw":
+            index = faiss.IndexHNSWFlat(dim, _check_positive("faiss.hnsw_m", hnsw_m), metric)
+            index.hnsw.efConstruction = _check_positive("faiss.ef_construction", ef_construction)
+            index.hnsw.efSearch = _check_positive("faiss.ef_search", ef_search)
+        elif kind == "ivf":
+            nlist = min(_check_positive("faiss.nlist", nlist), max(1, len(vectors) // 39))
+            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, metric)
+            index.train(vectors)
+            index.nprobe = min(_check_positive("faiss.nprobe", nprobe), nlist)
+        else:
+            raise ValueError(f"retrieval.faiss.kind={kind!r}: use hnsw, ivf or flat")
+        index.add(vectors)
+        self.index = index
+        log.info("faiss %s index over %d items (dim %d)", kind, len(vectors), dim)
+
+    def search(
+        self, query: torch.Tensor, depth: int, exclude: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        device = query.device
+        extra = 0 if exclude is None else exclude.shape[1]
+        k = min(depth + extra, len(self.ids))
+        augmented = torch.cat(
+            [query.detach().float().cpu(), query.new_ones(len(query), 1).cpu()], 1
+        )
+        scores, rows = self.index.search(np.ascontiguousarray(augmented.numpy()), k)
+        scores, rows = torch.from_numpy(scores), torch.from_numpy(rows)
+        found = rows >= 0
+        items = torch.where(found, self.ids[rows.clamp(min=0)], 0)
+        scores = scores.masked_fill(~found, -math.inf)
+        if exclude is not None:
+            seen = (items[:, :, None] == exclude.cpu()[:, None, :]).any(dim=2)  # (B, k)
+            scores = scores.masked_fill(seen, -math.inf)
+        order = scores.argsort(dim=1, descending=True, stable=True)[:, :depth]
+        scores, items = scores.gather(1, order), items.gather(1, order)
+        if scores.shape[1] < depth:
+            pad = depth - scores.shape[1]
+            scores = torch.cat([scores, scores.new_full((len(scores), pad), -math.inf)], 1)
+            items = torch.cat([items, items.new_zeros(len(items), pad)], 1)
+        items = items.masked_fill(torch.isneginf(scores), 0)
+        return scores.to(device), items.to(device)
+
+
+def build_index(
+    keys: torch.Tensor,
+    bias: torch.Tensor,
+    blocked: torch.Tensor,
+    *,
+    index: str = "exact",
+    item_chunk_size: int = 65_536,
+    faiss: dict | None = None,
+) -> ExactIndex | FaissIndex:
+    """``retrieval.index``: ``exact`` (default) or ``faiss`` (settings in ``retrieval.faiss``)."""
+    if index == "exact":
+        return ExactIndex(keys, bias, blocked, item_chunk_size=item_chunk_size)
+    if index == "faiss":
+        return FaissIndex(keys, bias, blocked, **(faiss or {}))
+    raise ValueError(f"retrieval.index={index!r}: use one of {list(INDEXES)}")

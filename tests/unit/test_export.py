@@ -1,0 +1,249 @@
+"""Serving export: the TorchScript user encoder plus the item table score exactly like the
+Python encoder, for any batch size and sequence length, and the folder is written safely."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from recsys.checkpoint import checkpoint_extra, load_checkpoint
+from recsys.data.batch import SeqBatch
+from recsys.data.sequences import TimeBuckets
+from recsys.data.vocab import Vocab
+from recsys.export import INPUT_NAMES, export_model, load_exported
+from recsys.model import ATRank
+from recsys.model.sasrec import SASRec
+from recsys.schema import PAD_IDX, EventSchema
+
+# TorchScript is deprecated in recent torch; the export still works and is what is tested here.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+
+SIZES = {
+    "num_items": 20,
+    "num_attributes": 7,
+    "num_behaviors": 4,
+    "num_time_buckets": 6,
+    "max_seq_len": 8,
+}
+# conf/model/atrank_faithful.yaml
+FAITHFUL = {
+    "norm_first": False,
+    "qkv_activation": "relu",
+    "output_projection": False,
+    "ffn_multiplier": 0.25,
+    "activation": "relu",
+    "positional": "none",
+    "causal": False,
+}
+ENCODERS = ("atrank", "atrank_faithful", "atrank_learned", "sasrec")
+# (lengths of the rows, T): neither is the tracing example's (B=2, T=4)
+SHAPES = [([3, 5, 1], 5), ([8, 2, 7, 8, 1, 4], 8), ([1], 1)]
+
+
+def attribute_table(width: int) -> torch.Tensor:
+    """(I, width) item -> attribute sets of 0..width real attributes each, PAD-padded."""
+    items = torch.arange(SIZES["num_items"])[:, None]
+    column = torch.arange(width)[None, :]
+    table = (items + 2 * column) % (SIZES["num_attributes"] - 2) + 2
+    table = table.masked_fill(column >= items % (width + 1), PAD_IDX)
+    table[PAD_IDX] = PAD_IDX
+    return table
+
+
+def make_encoder(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "sasrec":
+        encoder = SASRec(
+            num_items=SIZES["num_items"],
+            max_seq_len=SIZES["max_seq_len"],
+            d_model=16,
+            num_heads=2,
+            num_layers=2,
+            dropout=0.1,
+        )
+    else:
+        extra = {
+            "atrank": {},
+            "atrank_faithful": FAITHFUL,
+            "atrank_learned": {"positional": "learned"},
+        }[kind]
+        encoder = ATRank(
+            **SIZES, item_attribute_width=3, d_model=16, num_heads=2, dropout=0.1, **extra
+        )
+        encoder.set_item_attributes(attribute_table(3))
+        with torch.no_grad():  # a trained model has a non-zero item bias
+            encoder.item_bias.normal_()
+    return encoder.eval()
+
+
+def make_batch(lengths: list[int], seq_len: int, seed: int) -> SeqBatch:
+    """Random left-padded batch, PAD (0) at padding positions."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (len(lengths), seq_len)
+    padding_mask = torch.arange(seq_len)[None, :] >= seq_len - torch.tensor(lengths)[:, None]
+
+    def draw(low: int, high: int) -> torch.Tensor:
+        return torch.randint(low, high, shape, generator=generator) * padding_mask
+
+    return SeqBatch(
+        item=draw(2, SIZES["num_items"]),
+        behavior=draw(2, SIZES["num_behaviors"]),
+        time_bucket=draw(1, SIZES["num_time_buckets"]),
+        padding_mask=padding_mask,
+        query_time_bucket=draw(0, SIZES["num_time_buckets"]),
+        target_item=torch.zeros(len(lengths), dtype=torch.long),
+        target_behavior=torch.zeros(len(lengths), dtype=torch.long),
+        user_index=torch.arange(len(lengths)),
+    )
+
+
+@torch.no_grad()
+def python_scores(encoder: torch.nn.Module, *inputs: torch.Tensor | None) -> torch.Tensor:
+    return encoder.score_items(encoder(*inputs).query)
+
+
+def assert_same_scores(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert got.shape == expected.shape
+    # exactly the same -inf columns (PAD and UNK) and nothing else non-finite
+    assert torch.equal(torch.isneginf(got), torch.isneginf(expected))
+    assert torch.isneginf(got[:, :2]).all() and torch.isfinite(got[:, 2:]).all()
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture(scope="module", params=ENCODERS)
+def exported(request, tmp_path_factory):
+    encoder = make_encoder(request.param)
+    folder = tmp_path_factory.mktemp(request.param) / "export"
+    files = export_model(encoder, folder)
+    return request.param, encoder, folder, files
+
+
+def test_exported_scores_equal_python(exported):
+    kind, encoder, folder, _ = exported
+    model = load_exported(folder)
+    for seed, (lengths, seq_len) in enumerate(SHAPES):
+        batch = make_batch(lengths, seq_len, seed)
+        got = model.score(*batch.model_inputs())
+        assert_same_scores(got, python_scores(encoder, *batch.model_inputs()))
+        # the query vector itself, and the contract written out: query @ keys.T + bias
+        query = model.user_encoder(*batch.model_inputs())
+        with torch.no_grad():
+            torch.testing.assert_close(
+                query, encoder(*batch.model_inputs()).query, rtol=1e-6, atol=1e-6
+            )
+        torch.testing.assert_close(query @ model.keys.T + model.bias, got, rtol=0, atol=0)
+        # query_time_bucket omitted = the Python encoder called with None
+        inputs = batch.model_inputs()[:4]
+        assert_same_scores(model.score(*inputs), python_scores(encoder, *inputs, None))
+
+
+def test_files_load_with_weights_only(exported):
+    kind, encoder, folder, files = exported
+    assert set(files) == {"user_encoder", "item_table", "metadata"}
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in files.values())
+    table = torch.load(files["item_table"], weights_only=True)
+    assert set(table) == {"keys", "bias"}
+    keys, bias = table["keys"], table["bias"]
+    assert keys.dtype == bias.dtype == torch.float32
+    assert keys.shape == (SIZES["num_items"], 16) and bias.shape == (SIZES["num_items"],)
+    assert not keys.requires_grad
+    torch.testing.assert_close(keys, encoder.item_keys().detach(), rtol=0, atol=0)
+    assert torch.isneginf(bias[:2]).all() and torch.isfinite(bias[2:]).all()
+    expected_bias = encoder.never_recommended + getattr(encoder, "item_bias", 0.0)
+    torch.testing.assert_close(bias, expected_bias.detach(), rtol=0, atol=0)
+
+    meta = json.loads(files["metadata"].read_text())
+    assert meta["user_encoder"]["input_names"] == list(INPUT_NAMES)
+    assert meta["max_seq_len"] == SIZES["max_seq_len"]
+    assert meta["torch_version"] == torch.__version__
+    assert meta["item_table"]["keys"]["shape"] == [SIZES["num_items"], 16]
+    assert "query @ keys.T + bias" in meta["scoring"]
+    assert meta["encoder_config"] == encoder.config
+    assert isinstance(torch.jit.load(str(files["user_encoder"])), torch.jit.ScriptModule)
+
+
+def test_bad_inputs_raise(exported):
+    _, _, folder, _ = exported
+    model = load_exported(folder)
+    too_long = make_batch([9], SIZES["max_seq_len"] + 1, seed=0).model_inputs()
+    with pytest.raises(torch.jit.Error, match="exceeds max_seq_len=8"):
+        model.score(*too_long)
+    item, *rest = make_batch([2, 3], 4, seed=0).model_inputs()
+    with pytest.raises(torch.jit.Error, match="item must be int64"):
+        model.score(item.int(), *rest)
+    with pytest.raises(torch.jit.Error, match="padding_mask has shape"):
+        model.score(item, rest[0], rest[1], rest[2][:, 1:], rest[3])
+
+
+def test_caller_module_is_left_alone(tmp_path):
+    encoder = make_encoder("sasrec").train()
+    before = {k: v.clone() for k, v in encoder.state_dict().items()}
+    export_model(encoder, tmp_path / "export")
+    assert encoder.training
+    assert all(p.requires_grad for p in encoder.parameters())
+    after = encoder.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_refuses_non_empty_folder_unless_overwrite(tmp_path):
+    encoder = make_encoder("sasrec")
+    folder = tmp_path / "export"
+    folder.mkdir()
+    export_model(encoder, folder)  # an existing empty folder is fine
+    (folder / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        export_model(encoder, folder)
+    assert (folder / "keep.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no temporary folder left
+
+    export_model(encoder, folder, overwrite=True)
+    assert not (folder / "keep.txt").exists()
+    assert (folder / "user_encoder.pt").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="not a folder"):
+        export_model(encoder, a_file, overwrite=True)
+
+
+def test_loaded_checkpoint_exports_with_its_vocabulary(tmp_path):
+    encoder = make_encoder("atrank")
+    vocab = Vocab.from_plain(
+        {
+            "item_id": [f"item{i}" for i in range(2, SIZES["num_items"])],
+            "item_attributes": [[2, 3]] * (SIZES["num_items"] - 2),
+            "item_train_count": [1] * (SIZES["num_items"] - 2),
+            "attribute": [f"a{i}" for i in range(2, SIZES["num_attributes"])],
+            "behaviors": ["view", "buy"],
+        }
+    )
+    path = tmp_path / "model.ckpt"
+    extra = checkpoint_extra(
+        vocab=vocab,
+        schema=EventSchema(),
+        time_buckets=TimeBuckets(num_buckets=5),
+        max_seq_len=SIZES["max_seq_len"],
+        data_fingerprint="test",
+    )
+    meta = {"encoder_target": "recsys.model.atrank.ATRank", "encoder_config": encoder.config}
+    state = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
+    torch.save({"recsys": {**meta, **extra}, "state_dict": state}, path)
+    loaded = load_checkpoint(path)
+
+    files = export_model(loaded, tmp_path / "export")
+    assert set(files) == {"user_encoder", "item_table", "metadata", "vocab"}
+    plain = json.loads(Path(files["vocab"]).read_text())
+    assert plain["item_id"][5 - 2] == "item5"
+    assert plain["behaviors"] == ["view", "buy"]
+    assert plain["time_buckets"]["num_buckets"] == 5
+    meta = json.loads(Path(files["metadata"]).read_text())
+    assert meta["checkpoint"]["path"] == str(path)
+    batch = make_batch([4, 8], 8, seed=7)
+    assert_same_scores(
+        load_exported(tmp_path / "export").score(*batch.model_inputs()),
+        python_scores(loaded.encoder, *batch.model_inputs()),
+    )
