@@ -48,3 +48,27 @@ def prepare_settings(data_cfg: Mapping[str, Any]) -> PrepareSettings:
 
 def item_columns(data_cfg: Mapping[str, Any]) -> dict[str, str | None]:
     return options.item_columns(to_container(data_cfg))
+
+
+def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:
+    """The repository's ``conf/<config_name>.yaml`` composed with Hydra's compose API, for
+    notebooks and scripts: ``compose("config", ["experiment=tiny", "logger=none"])`` is what
+    ``python -m pipelines.run experiment=tiny logger=none`` would run with.
+
+    Outside a Hydra app there is no run folder (``${hydra:runtime.output_dir}``): give
+    ``paths.run_dir=<folder>`` (and usually ``paths.output_dir=<folder>``) among the overrides
+    before a task reads it.
+    """
+    from pathlib import Path
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import recsys
+
+    conf_dir = Path(recsys.__file__).resolve().parents[1] / "conf"
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []))

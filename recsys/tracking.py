@@ -9,6 +9,7 @@ then does nothing, and mlflow is never imported (the GPU image has no mlflow).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -161,10 +162,8 @@ class Tracker:
         if registered_model_name:
             from mlflow.exceptions import MlflowException
 
-            try:
+            with contextlib.suppress(MlflowException):  # already registered: add a version
                 self.client.create_registered_model(registered_model_name)
-            except MlflowException:
-                pass  # already registered: add a version
             source = f"{self.client.get_run(self.run_id).info.artifact_uri}/{MODEL_ARTIFACT}"
             version = self.client.create_model_version(
                 registered_model_name, source, run_id=self.run_id

@@ -1,0 +1,298 @@
+"""The scoring job's pieces: index, rules, cold start, explanations (in memory)."""
+
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from recsys.checkpoint import LoadedModel
+from recsys.data.io import DataError
+from recsys.data.pipeline import PrepareSettings, prepare_dataset
+from recsys.data.sequences import TimeBuckets
+from recsys.data.synthetic import generate_events
+from recsys.data.vocab import Vocab
+from recsys.model.atrank import ATRank
+from recsys.model.sasrec import SASRec
+from recsys.retrieval.index import ExactIndex, chunked_topk, mask_items
+from recsys.retrieval.rules import cap_per_category, take_first
+from recsys.schema import EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
+from recsys.tasks.score import recommend_frame
+
+TOP_K = 5
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    events = generate_events(num_users=50, num_items=80, num_categories=6, seed=5)
+    folder = tmp_path_factory.mktemp("prep") / "p"
+    prepare_dataset(events, schema=EventSchema(), settings=PrepareSettings(), out_dir=folder)
+    vocab = Vocab.load(folder)
+    torch.manual_seed(0)
+    encoder = ATRank(
+        num_items=vocab.num_items,
+        num_attributes=vocab.num_attributes,
+        item_attribute_width=vocab.attribute_width,
+        num_behaviors=vocab.num_behaviors,
+        num_time_buckets=17,
+        max_seq_len=12,
+        d_model=16,
+        num_layers=1,
+    ).eval()
+    encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
+    model = LoadedModel(
+        encoder=encoder,
+        vocab=vocab,
+        schema=EventSchema(),
+        time_buckets=TimeBuckets(),
+        max_seq_len=12,
+        path=Path("model.ckpt"),
+        target_behaviors=tuple(vocab.behaviors),
+    )
+    return model, events
+
+
+def _score(model, events, **retrieval):
+    return recommend_frame(model, events, retrieval={"top_k": TOP_K, **retrieval})
+
+
+def test_output_columns_ranks_and_sources(setup):
+    model, events = setup
+    frame = _score(model, events, rerank_top_n=10)
+    assert frame.columns[:5] == [USER, "rank", ITEM, "score", "source"]
+    assert frame.columns[-1] == "item_category"
+    assert len([c for c in frame.columns if c.startswith("explain_")]) == 12
+    assert frame.height == events[USER].n_unique() * TOP_K
+    ranks = frame.group_by(USER).agg(pl.col("rank"), pl.col(ITEM).n_unique().alias("n"))
+    assert all(r == list(range(1, TOP_K + 1)) for r in ranks["rank"].to_list())
+    assert (ranks["n"] == TOP_K).all()
+    assert set(frame["source"].to_list()) == {"model"}
+    # scores are non-increasing within the list ordered by retrieval (no re-rank here)
+    plain = _score(model, events)
+    by_user = plain.group_by(USER).agg(pl.col("score"))
+    assert all(s == sorted(s, reverse=True) for s in by_user["score"].to_list())
+
+
+def test_seen_items_never_returned_when_excluded(setup):
+    model, events = setup
+    seen = events.select(USER, ITEM).unique()
+    excluded = _score(model, events, rerank_top_n=10)
+    assert excluded.join(seen, on=[USER, ITEM], how="inner").height == 0
+    kept = _score(model, events, rules={"exclude": "none"})
+    assert kept.join(seen, on=[USER, ITEM], how="inner").height > 0  # the rule is doing work
+
+
+def test_exclude_only_purchased(setup):
+    model, events = setup
+    bought = events.filter(pl.col(EVENT_TYPE) == "purchase").select(USER, ITEM).unique()
+    viewed_only = events.select(USER, ITEM).unique().join(bought, on=[USER, ITEM], how="anti")
+    frame = _score(model, events, rules={"exclude": ["purchase"]})
+    assert bought.height > 0
+    assert frame.join(bought, on=[USER, ITEM], how="inner").height == 0
+    assert frame.join(viewed_only, on=[USER, ITEM], how="inner").height > 0
+
+
+def test_allow_and_deny_lists(setup, tmp_path):
+    model, events = setup
+    items = model.vocab.items[ITEM].to_list()
+    allowed = items[:12]
+    frame = _score(model, events, rules={"exclude": "none", "allow_list": allowed})
+    assert set(frame[ITEM].to_list()) <= set(allowed)
+    popular = _score(model, events, rules={"exclude": "none"})[ITEM].value_counts()
+    denied = popular.sort("count", descending=True)[ITEM].head(3).to_list()
+    deny_file = tmp_path / "deny.csv"
+    pl.DataFrame({ITEM: denied}).write_csv(deny_file)
+    frame = _score(model, events, rules={"exclude": "none", "deny_list": str(deny_file)})
+    assert not set(frame[ITEM].to_list()) & set(denied)
+    assert frame.height == events[USER].n_unique() * TOP_K
+    with pytest.raises(DataError, match="no such file"):
+        _score(model, events, rules={"deny_list": str(tmp_path / "missing.csv")})
+
+
+def test_max_per_category(setup):
+    model, events = setup
+    unlimited = _score(model, events, rules={"exclude": "none"})
+    worst = unlimited.group_by(USER, "item_category").len()["len"].max()
+    assert worst > 1  # without the cap some list repeats a category
+    capped = _score(model, events, rules={"exclude": "none", "max_per_category": 1})
+    assert capped.group_by(USER, "item_category").len()["len"].max() == 1
+    assert capped.height == events[USER].n_unique() * TOP_K  # the cap looks deeper, not shorter
+
+
+def test_cold_start_rows_are_labelled(setup):
+    model, events = setup
+    last = events[TIMESTAMP].max()
+    known_category = events["category"][0]
+    new_events = pl.DataFrame(
+        {
+            USER: [900_001, 900_001, 900_002],
+            ITEM: [777_001, 777_002, 777_003],  # items the model never saw
+            "category": [known_category, known_category, "brand-new"],
+            EVENT_TYPE: ["view", "purchase", "view"],
+            TIMESTAMP: [last - timedelta(hours=1), last, last],
+        },
+        schema=events.schema,
+    )
+    frame = _score(model, pl.concat([events, new_events]))
+    cold = frame.filter(pl.col(USER).is_in([900_001, 900_002]))
+    assert cold.height == 2 * TOP_K
+    assert set(cold["source"].to_list()) <= {"category_popularity", "popularity"}
+    first = cold.filter(pl.col(USER) == 900_001)
+    # the user's category comes first, from the category-popularity fallback
+    assert first["source"][0] == "category_popularity"
+    assert first["item_category"][0] == known_category
+    assert cold["explain_1_item_id"].null_count() == cold.height  # nothing to explain
+    assert frame.filter(~pl.col(USER).is_in([900_001, 900_002]))["source"].unique().to_list() == [
+        "model"
+    ]
+
+
+def test_new_items_come_only_from_the_fallback(setup):
+    model, events = setup
+    last = events[TIMESTAMP].max()
+    # a new item everyone buys now: the most popular item of the log's recent days
+    buyers = events[USER].unique().head(30).to_list()
+    new = pl.DataFrame(
+        {
+            USER: buyers,
+            ITEM: [555_555] * len(buyers),
+            "category": ["c00"] * len(buyers),
+            EVENT_TYPE: ["purchase"] * len(buyers),
+            TIMESTAMP: [last] * len(buyers),
+        },
+        schema=events.schema,
+    )
+    cold_user = new.head(1).with_columns(
+        pl.lit(424_242, dtype=pl.Int64).alias(USER), pl.lit(1, dtype=pl.Int64).alias(ITEM)
+    )
+    frame = _score(model, pl.concat([events, new, cold_user]), rules={"exclude": "none"})
+    assert frame.filter(pl.col(ITEM) == 555_555)["source"].unique().to_list() != ["model"]
+    cold = frame.filter(pl.col(USER) == 424_242)
+    assert 555_555 in cold[ITEM].to_list()
+
+
+def test_explanations_point_to_events_in_the_users_history(setup):
+    model, events = setup
+    frame = _score(model, events, rerank_top_n=10)
+    history = events.select(
+        pl.col(USER), pl.col(ITEM), pl.col(EVENT_TYPE), pl.col(TIMESTAMP)
+    ).unique()
+    for j in (1, 2, 3):
+        explained = frame.filter(pl.col(f"explain_{j}_item_id").is_not_null()).select(
+            USER,
+            pl.col(f"explain_{j}_item_id").alias(ITEM),
+            pl.col(f"explain_{j}_behavior").cast(pl.String).alias(EVENT_TYPE),
+            pl.col(f"explain_{j}_timestamp").alias(TIMESTAMP),
+        )
+        assert explained.height > 0
+        assert (
+            explained.join(history, on=[USER, ITEM, EVENT_TYPE, TIMESTAMP], how="anti").height == 0
+        )
+    weights = frame.select(pl.col("^explain_._weight$").fill_null(0)).to_numpy()
+    assert np.all(weights[:, :-1] >= weights[:, 1:] - 1e-6)  # strongest first
+    assert np.all(weights.sum(axis=1) <= 1 + 1e-5)
+    short = _score(model, events, explanations=1)
+    assert [c for c in short.columns if c.startswith("explain_")][-1] == "explain_1_weight"
+
+
+def test_sasrec_scores_and_explains(setup):
+    model, events = setup
+    torch.manual_seed(1)
+    sasrec = SASRec(num_items=model.vocab.num_items, max_seq_len=12, d_model=16).eval()
+    frame = _score(LoadedModel(**{**model.__dict__, "encoder": sasrec}), events, explanations=2)
+    assert frame["explain_1_weight"].null_count() == 0
+
+
+def test_target_behavior_must_be_learned(setup):
+    model, events = setup
+    narrow = LoadedModel(**{**model.__dict__, "target_behaviors": ("purchase",)})
+    _score(narrow, events, rules={"target_behavior": "purchase"})
+    with pytest.raises(ValueError, match="trained to predict"):
+        _score(narrow, events, rules={"target_behavior": "view"})
+    with pytest.raises(ValueError, match="not one of the model's behaviours"):
+        _score(model, events, rules={"target_behavior": "wishlist"})
+
+
+@pytest.mark.parametrize(
+    "retrieval, message",
+    [
+        ({"top_k": 0}, "top_k"),
+        ({"item_chunk_size": -5}, "item_chunk_size"),
+        ({"explanations": 7}, "explanations"),
+        ({"rules": {"max_per_category": 0}}, "max_per_category"),
+        ({"rules": {"exclude": ["teleport"]}}, "exclude"),
+        ({"rules": {"colour": "red"}}, "unknown keys"),
+        ({"topk": 3}, "unknown keys"),
+    ],
+)
+def test_absurd_settings_are_refused(setup, retrieval, message):
+    model, events = setup
+    with pytest.raises(ValueError, match=message):
+        recommend_frame(model, events, retrieval=retrieval)
+
+
+def test_log_of_another_shop_is_refused(setup):
+    model, events = setup
+    other = events.with_columns((pl.col(ITEM) + 10_000_000).alias(ITEM))
+    with pytest.raises(DataError, match="none of its .* item ids are in the model's vocabulary"):
+        _score(model, other)
+
+
+# -- building blocks ---------------------------------------------------------------------------
+def test_chunked_exact_index_matches_brute_force():
+    torch.manual_seed(0)
+    keys, bias, query = torch.randn(103, 8), torch.randn(103), torch.randn(6, 8)
+    blocked = torch.zeros(103, dtype=torch.bool)
+    blocked[:2] = True
+    blocked[50] = True
+    exclude = torch.randint(0, 103, (6, 4))
+    scores, items = ExactIndex(keys, bias, blocked, item_chunk_size=17).search(query, 10, exclude)
+    full = query @ keys.T + bias
+    full[:, blocked] = -torch.inf
+    full.scatter_(1, exclude, -torch.inf)
+    expected_scores, expected_items = full.topk(10)
+    torch.testing.assert_close(scores, expected_scores)
+    assert torch.equal(items, expected_items)
+
+
+def test_chunked_topk_pads_when_too_few_items_remain():
+    blocked = torch.tensor([True, True, False, False])
+    scores, items = chunked_topk(
+        lambda s, e: torch.ones(1, e - s), 4, 3, blocked=blocked, item_chunk_size=2
+    )
+    assert torch.isneginf(scores[0, 2]) and items[0, 2] == 0
+    assert sorted(items[0, :2].tolist()) == [2, 3]
+
+
+def test_mask_items_only_touches_its_chunk():
+    scores = torch.zeros(2, 3)  # items 10, 11, 12
+    mask_items(scores, torch.tensor([[11, 4, 0], [12, 12, 30]]), start=10)
+    assert torch.isneginf(scores).tolist() == [[False, True, False], [False, False, True]]
+
+
+def test_cap_per_category_keeps_the_best_of_each_category():
+    category = torch.tensor([0, 0, 1, 1, 1, 2, 0])  # items 0..6; item 6 has no category
+    items = torch.tensor([[2, 3, 5, 4, 6, 6]])
+    valid = torch.tensor([[True, True, True, True, True, False]])
+    keep = cap_per_category(items, category, valid, cap=1)
+    assert keep.tolist() == [[True, False, True, False, True, False]]
+    assert take_first(keep, 4).tolist() == [[0, 2, 4, -1]]
+
+
+def test_faiss_flat_index_agrees_with_exact():
+    pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
+    from recsys.retrieval.index import FaissIndex
+
+    torch.manual_seed(0)
+    keys, bias, query = torch.randn(60, 8), torch.randn(60), torch.randn(4, 8)
+    blocked = torch.zeros(60, dtype=torch.bool)
+    blocked[:2] = True
+    exclude = torch.randint(2, 60, (4, 3))
+    exact = ExactIndex(keys, bias, blocked).search(query, 5, exclude)
+    approx = FaissIndex(keys, bias, blocked, kind="flat").search(query, 5, exclude)
+    assert torch.equal(exact[1], approx[1])
+    torch.testing.assert_close(exact[0], approx[0], rtol=1e-4, atol=1e-4)
+    hnsw = FaissIndex(keys, bias, blocked, kind="hnsw").search(query, 5, exclude)
+    assert not (set(hnsw[1].flatten().tolist()) & {0, 1})
