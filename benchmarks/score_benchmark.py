@@ -149,6 +149,7 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
 
         score(batches[0])  # warm-up (allocator, faiss / MKL thread pools), not timed
         per_batch, encode_s, search_s, found = [], 0.0, 0.0, []
+        usage0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         for repeat in range(args.repeats):
             for batch in batches:
                 items, encode, search = score(batch)
@@ -156,6 +157,7 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
                 encode_s, search_s = encode_s + encode, search_s + search
                 if repeat == 0:
                     found.append(items)
+        usage, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall0
         peak = _peak_rss_gib()  # before the exact reference below, which is not this path's
 
         recall = None
@@ -185,6 +187,8 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
         "rss_model_gib": rss_model,
         "rss_index_gib": rss_index,
         "threads": threads,
+        # CPU seconds / wall seconds of the timed loop: ~threads on an idle machine
+        "cores_busy": (usage.ru_utime - usage0.ru_utime + usage.ru_stime - usage0.ru_stime) / wall,
         "load_avg": os.getloadavg()[0],
     }
 
@@ -290,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loads
     for name in ("users", "top_k", "item_chunk_size", "batch_size", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -362,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             f"users/s, search {row['search_users_per_s']:,.0f} users/s; key table "
             f"{row['keys_s']:.2f} s, index {row['index_s']:.2f} s; RSS after imports "
             f"{row['rss_start_gib']:.2f}, + model and batches {row['rss_model_gib']:.2f}, + keys "
-            f"and index {row['rss_index_gib']:.2f} GiB; {row['threads']} threads, load avg "
+            f"and index {row['rss_index_gib']:.2f} GiB; {row['threads']} threads, "
+            f"{row['cores_busy']:.2f} cores busy, load avg "
             f"{row['load_avg']:.1f}, process {row['process_s']:.0f} s"
         )
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")

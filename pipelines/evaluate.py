@@ -1,7 +1,9 @@
 """a checkpoint or MLflow run on the test targets, beside popularity.
 
-python -m pipelines.evaluate [hydra overrides]
+python -m pipelines.evaluate model=<checkpoint path | MLflow run id | name@alias> [overrides]
 """
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -16,4 +18,5 @@ def entry(cfg: DictConfig):
 
 
 if __name__ == "__main__":
+    sys.argv = recsys.config.model_reference_argv(sys.argv)  # model=<ref>, see that function
     entry()

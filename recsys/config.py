@@ -27,6 +27,13 @@ def register_resolvers() -> None:
 register_resolvers()
 
 
+def model_reference_argv(argv: list[str]) -> list[str]:
+    """``model=<ref>`` on the score / evaluate command line means the model to load, but Hydra
+    reads ``model=`` as a choice of the ``conf/model`` group (the architecture): rewrite it to
+    the config key ``model_ref`` before Hydra parses the arguments."""
+    return [f"model_ref={a.removeprefix('model=')}" if a.startswith("model=") else a for a in argv]
+
+
 def to_container(cfg: Any) -> Any:
     """Resolved plain Python containers from a DictConfig (anything else passes through)."""
     if isinstance(cfg, DictConfig):

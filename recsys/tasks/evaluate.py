@@ -76,7 +76,7 @@ def run(
     tracker: Tracker | None = None,
     splits: tuple[str, ...] = ("test",),
 ) -> dict[str, float]:
-    model = load_model(checkpoint or cfg.model, cfg.logger)
+    model = load_model(checkpoint or cfg.model_ref, cfg.logger)
     prepared_dir = prepared_dir or cfg.data.prepared_dir or prepare.run(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,

@@ -158,7 +158,7 @@ def run(
     if checkpoint is not None:
         path, model_tags = Path(checkpoint), {"model.uri": str(Path(checkpoint).absolute())}
     else:
-        path, model_tags = resolve_model(str(cfg.model), cfg.logger)
+        path, model_tags = resolve_model(str(cfg.model_ref), cfg.logger)
     model = load_checkpoint(path)
     schema = event_schema(cfg.data)
     check_columns(model, schema)
@@ -219,7 +219,7 @@ def run(
                 "task": "score",
                 "score.output": str(output.path),
                 "score.as_of": str(as_of or "end of log"),
-                "data.fingerprint": fingerprint,
+                "score.data_fingerprint": fingerprint,  # the scored log (data.* = training)
                 "model.data_fingerprint": str(model.data_fingerprint),
             }
         )

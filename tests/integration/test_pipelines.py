@@ -17,6 +17,18 @@ from recsys.tasks import evaluate, main, score, train
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["experiment=tiny"]
+REGISTERED = "recsys-tiny"
+# the score/evaluate configs have no experiment group: the tiny data and re-rank settings again
+TINY_DATA = [
+    "data.source.num_users=150",
+    "data.source.num_items=120",
+    "data.source.num_categories=8",
+]
+BASE_COLUMNS = ["user_id", "rank", "item_id", "score", "source"]
+
+
+def read_parts(folder: Path) -> pl.DataFrame:
+    return pl.read_parquet(sorted(Path(folder).glob("part-*.parquet")))
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +37,13 @@ def main_run(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
     tmp = tmp_path_factory.mktemp("main")
-    overrides = [f"paths.output_dir={tmp / 'outputs'}", f"paths.run_dir={tmp / 'run'}", *TINY]
+    overrides = [
+        f"paths.output_dir={tmp / 'outputs'}",
+        f"paths.run_dir={tmp / 'run'}",
+        *TINY,
+        f"logger.registered_model_name={REGISTERED}",
+        "logger.model_alias=champion",
+    ]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -34,8 +52,8 @@ def main_run(tmp_path_factory):
 
 def test_main_job_writes_recommendations(main_run):
     cfg, result = main_run
-    recs = pl.read_parquet(result.recommendations)
-    assert recs.columns == ["user_id", "rank", "item_id", "score"]
+    recs = read_parts(result.recommendations)
+    assert recs.columns[:5] == BASE_COLUMNS and recs.columns[-1] == "item_category"
     assert recs.height > 0
     assert recs.group_by("user_id").len()["len"].max() == cfg.retrieval.top_k
     assert result.metrics["test/ndcg_at_10"] >= 0
@@ -83,36 +101,141 @@ def test_main_job_mlflow_run(main_run):
         "data/quarantine.parquet",
     } <= listing("data")
     assert listing("checkpoints") == {"checkpoints/best.ckpt"}
+    assert "model/MLmodel" in listing("model")  # the packaged MLflow model
+    assert {"score/_summary.json", "score/plots"} <= listing("score")
+    assert {"score/plots/coverage.png", "score/plots/popularity.png"} <= listing("score/plots")
+    for name in ("score/users_per_second", "score/catalogue_coverage", "score/fallback_share"):
+        assert name in run.data.metrics, name
 
 
-def test_score_by_checkpoint_and_by_run_id_agree(main_run, make_config, tmp_path):
+def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_config, tmp_path):
     cfg, result = main_run
     run_id = result.run.split()[2]
-    expected = pl.read_parquet(result.recommendations)
-    # the score config has no experiment group: repeat the tiny data and re-rank settings
+    expected = read_parts(result.recommendations)
     common = [
+        *TINY_DATA,
         "retrieval.rerank_top_n=20",
-        "data.source.num_users=150",
-        "data.source.num_items=120",
-        "data.source.num_categories=8",
         f"logger.tracking_uri={cfg.logger.tracking_uri}",
     ]
     by_path = make_config(
-        "score",
-        [f"model_ref={result.checkpoint}", f"retrieval.output={tmp_path}/a.parquet", *common],
+        "score", [f"model_ref={result.checkpoint}", f"retrieval.output.path={tmp_path}/a", *common]
     )
-    assert pl.read_parquet(score.run(by_path)).equals(expected)
+    assert read_parts(score.run(by_path)).equals(expected)
     by_run = make_config(
         "score",
         [
             f"model_ref={run_id}",
-            f"retrieval.output={tmp_path}/b.csv",
-            "retrieval.format=csv",
+            f"retrieval.output.path={tmp_path}/b",
+            "retrieval.output.formats=[parquet,csv]",
             *common,
         ],
     )
-    from_csv = pl.read_csv(score.run(by_run))
+    folder = score.run(by_run)
+    from_csv = pl.read_csv(sorted(folder.glob("part-*.csv")))
     assert from_csv["item_id"].to_list() == expected["item_id"].to_list()
+    by_alias = make_config(
+        "score",
+        [f"model_ref={REGISTERED}@champion", f"retrieval.output.path={tmp_path}/c", *common],
+    )
+    assert read_parts(score.run(by_alias)).equals(expected)
+    client = MlflowClient(tracking_uri=cfg.logger.tracking_uri)
+    scoring_runs = client.search_runs(
+        [client.get_experiment_by_name("recsys").experiment_id],
+        filter_string="tags.task = 'score' and tags.`model.run_id` = '" + run_id + "'",
+    )
+    assert len(scoring_runs) == 2  # by run id and by alias, both linked to the model's run
+    missing = make_config(
+        "score", [f"model_ref={REGISTERED}@nope", f"retrieval.output.path={tmp_path}/d", *common]
+    )
+    with pytest.raises(ValueError, match="not found in the MLflow model registry"):
+        score.run(missing)
+
+
+def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, tmp_path):
+    _, result = main_run
+    settings = [
+        *TINY_DATA,
+        f"model_ref={result.checkpoint}",
+        "logger=none",
+        "retrieval.user_chunk_size=40",  # 150 users -> 4 parts
+        "retrieval.output.formats=[parquet,csv]",
+    ]
+    whole = score.run(make_config("score", [*settings, f"retrieval.output.path={tmp_path}/a"]))
+    target = tmp_path / "b"
+    cfg = make_config("score", [*settings, f"retrieval.output.path={target}"])
+
+    def crash_after_two(part: int) -> None:
+        if part == 1:
+            raise KeyboardInterrupt("killed")
+
+    with pytest.raises(KeyboardInterrupt):
+        score.run(cfg, after_part=crash_after_two)
+    assert not target.exists()  # nothing visible before the job completes
+    staging = tmp_path / ".b.partial"
+    assert sorted(p.name for p in staging.glob("part-*")) == [
+        "part-00000.csv",
+        "part-00000.parquet",
+        "part-00001.csv",
+        "part-00001.parquet",
+    ]
+    written_parts = []
+    score.run(cfg, after_part=written_parts.append)
+    assert written_parts == [2, 3]  # the finished parts were not redone
+    assert not staging.exists()
+    names = sorted(p.name for p in whole.glob("part-*"))
+    assert names == sorted(p.name for p in target.glob("part-*")) and len(names) == 8
+    for name in names:
+        assert (whole / name).read_bytes() == (target / name).read_bytes(), name
+    # the same job again is a no-op; another job into the same folder needs overwrite=true
+    assert score.run(cfg) == target
+    other = make_config(
+        "score", [*settings, f"retrieval.output.path={target}", "retrieval.top_k=3"]
+    )
+    with pytest.raises(FileExistsError, match="overwrite=true"):
+        score.run(other)
+
+
+def test_schema_mismatch_fails_clearly_and_writes_nothing(main_run, make_config, tmp_path):
+    _, result = main_run
+    log_file = tmp_path / "events.csv"
+    log_file.write_text("user,item,ts\n1,10,1700000000\n1,11,1700000100\n")
+    cfg = make_config(
+        "score",
+        [
+            f"model_ref={result.checkpoint}",
+            "logger=none",
+            "data=events_file",
+            f"data.source={log_file}",
+            "data.columns.user_id=user",
+            "data.columns.item_id=item",
+            "data.columns.timestamp=ts",
+            "data.columns.event_type=null",
+            f"retrieval.output.path={tmp_path}/recs",
+        ],
+    )
+    with pytest.raises(DataError, match=r"does not match the model's schema.*'event_type'"):
+        score.run(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv"]
+    # right columns, but items the model has never seen: the log of another shop
+    log_file.write_text("user,item,ts,event,cat\n1,990001,1700000000,view,c00\n")
+    cfg = make_config(
+        "score",
+        [
+            f"model_ref={result.checkpoint}",
+            "logger=none",
+            "data=events_file",
+            f"data.source={log_file}",
+            "data.columns.user_id=user",
+            "data.columns.item_id=item",
+            "data.columns.timestamp=ts",
+            "data.columns.event_type=event",
+            "data.columns.category=cat",
+            f"retrieval.output.path={tmp_path}/recs",
+        ],
+    )
+    with pytest.raises(DataError, match="none of its 1 item ids are in the model's vocabulary"):
+        score.run(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv"]
 
 
 def test_evaluate_reproduces_test_metrics(main_run, make_config):
@@ -122,9 +245,7 @@ def test_evaluate_reproduces_test_metrics(main_run, make_config):
         [
             f"model_ref={result.checkpoint}",
             "logger=none",
-            "data.source.num_users=150",
-            "data.source.num_items=120",
-            "data.source.num_categories=8",
+            *TINY_DATA,
             "training.rerank_top_n=20",
         ],
     )
@@ -207,3 +328,22 @@ def test_cli_overrides_and_multirun_sweep(tmp_path):
     checkpoints = sorted(out.glob("multiruns/*/*/checkpoints/best.ckpt"))
     assert len(checkpoints) == 2
     assert not (out / "mlflow.db").exists()  # logger=none tracks nothing
+
+
+def test_score_command_line_takes_model_equals(main_run, tmp_path):
+    """The README's form: ``python -m pipelines.score model=<checkpoint>``."""
+    _, result = main_run
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.score",
+        f"model={result.checkpoint}",
+        *TINY_DATA,
+        "retrieval.rerank_top_n=20",
+        "logger=none",
+        f"retrieval.output.path={tmp_path}/recs",
+        f"paths.output_dir={tmp_path}/outputs",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_parts(tmp_path / "recs").equals(read_parts(result.recommendations))
