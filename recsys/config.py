@@ -60,7 +60,8 @@ def item_columns(data_cfg: Mapping[str, Any]) -> dict[str, str | None]:
 def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:
     """The repository's ``conf/<config_name>.yaml`` composed with Hydra's compose API, for
     notebooks and scripts: ``compose("config", ["experiment=tiny", "logger=none"])`` is what
-    ``python -m pipelines.run experiment=tiny logger=none`` would run with.
+    ``python -m pipelines.run experiment=tiny logger=none`` would run with. For ``score`` and
+    ``evaluate``, ``model=<ref>`` names the model to load, as on the command line.
 
     Outside a Hydra app there is no run folder (``${hydra:runtime.output_dir}``): give
     ``paths.run_dir=<folder>`` (and usually ``paths.output_dir=<folder>``) among the overrides
@@ -75,7 +76,10 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
     import recsys
 
     conf_dir = Path(recsys.__file__).resolve().parents[1] / "conf"
+    overrides = list(overrides or [])
+    if config_name in ("score", "evaluate"):  # model=<ref>, as on the command line
+        overrides = model_reference_argv(overrides)
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides or []))
+        return hydra_compose(config_name=config_name, overrides=overrides)

@@ -80,22 +80,22 @@ def summarize(
 
 def plot(summary: dict, folder: Path) -> list[Path]:
     """Three PNGs: source shares, recommendations per popularity decile, Lorenz curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # Figure objects, not pyplot: no backend switch, so a notebook's inline plots keep working
+    from matplotlib.figure import Figure
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
 
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig = Figure(figsize=(5, 3))
+    ax = fig.subplots()
     shares = summary["source_share"]
     ax.bar(list(shares), list(shares.values()), color="#4c72b0")
     ax.set_ylabel("share of rows")
     ax.set_title("Where the recommendations come from")
     paths.append(_save(fig, folder / "sources.png"))
 
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig = Figure(figsize=(5, 3))
+    ax = fig.subplots()
     deciles = summary["popularity"]["deciles"]
     ax.bar([f"{10 * d}-{10 * d + 10}%" for d in range(10)], deciles, color="#dd8452")
     ax.axhline(0.1, color="grey", linestyle="--", label="uniform")
@@ -106,7 +106,8 @@ def plot(summary: dict, folder: Path) -> list[Path]:
     ax.set_title("Popularity of the recommended items")
     paths.append(_save(fig, folder / "popularity.png"))
 
-    fig, ax = plt.subplots(figsize=(4, 4))
+    fig = Figure(figsize=(4, 4))
+    ax = fig.subplots()
     counts = np.sort(summary["_counts"])
     total = max(counts.sum(), 1)
     x = np.linspace(0, 1, len(counts) + 1)
@@ -123,9 +124,6 @@ def plot(summary: dict, folder: Path) -> list[Path]:
 
 
 def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
