@@ -37,7 +37,7 @@ import torch
 from recsys.checkpoint import LoadedModel
 from recsys.data.dataset import SequenceStore, TargetRows
 from recsys.data.pipeline import scoring_events, scoring_sequences
-from recsys.retrieval.catalogue import CATALOGUE_INDEX, ITEM_CATEGORY, Catalogue
+from recsys.retrieval.catalogue import ITEM_CATEGORY, Catalogue
 from recsys.retrieval.index import build_index, chunked_topk
 from recsys.retrieval.rules import Rules, cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, USER
@@ -401,7 +401,6 @@ class Recommender:
 
 
 __all__ = [
-    "CATALOGUE_INDEX",
     "Recommender",
     "ScoringData",
     "ScoringOptions",

@@ -9,14 +9,16 @@ import pytest
 import torch
 
 from recsys.checkpoint import LoadedModel
+from recsys.data.dataset import SequenceStore, TargetRows
 from recsys.data.io import DataError
-from recsys.data.pipeline import PrepareSettings, prepare_dataset
+from recsys.data.pipeline import PrepareSettings, load_events, prepare_dataset, scoring_sequences
 from recsys.data.sequences import TimeBuckets
 from recsys.data.synthetic import generate_events
 from recsys.data.vocab import Vocab
 from recsys.model.atrank import ATRank
 from recsys.model.sasrec import SASRec
 from recsys.retrieval.index import ExactIndex, chunked_topk, mask_items
+from recsys.retrieval.ranker import two_stage
 from recsys.retrieval.rules import cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
 from recsys.tasks.score import recommend_frame
@@ -238,6 +240,43 @@ def test_log_of_another_shop_is_refused(setup):
     other = events.with_columns((pl.col(ITEM) + 10_000_000).alias(ITEM))
     with pytest.raises(DataError, match="none of its .* item ids are in the model's vocabulary"):
         _score(model, other)
+
+
+def test_two_stage_reorders_only_the_head_and_respects_exclusion(setup):
+    model, events = setup
+    store = SequenceStore.from_frame(
+        scoring_sequences(load_events(events, EventSchema()), vocab=model.vocab)
+    )
+    rows = TargetRows(
+        store,
+        store.lengths,
+        max_seq_len=12,
+        time_buckets=model.time_buckets,
+        has_target=False,
+        query_time=int(store.timestamp.max()),
+    )
+    batch = rows[list(range(8))]
+    with torch.no_grad():
+        output = model.encoder(*batch.model_inputs())
+        retrieval = model.encoder.score_items(output.query)
+        ranking = two_stage(model.encoder, output, top_k=15, rerank_top_n=10, exclude=batch.item)
+    top15 = retrieval.scatter(1, batch.item, -torch.inf).topk(15).indices
+    # the first 10 are the same set as retrieval's first 10, the rest in retrieval order
+    assert torch.equal(ranking.items[:, :10].sort().values, top15[:, :10].sort().values)
+    assert torch.equal(ranking.items[:, 10:], top15[:, 10:])
+    assert ranking.reranked[:, :10].all() and not ranking.reranked[:, 10:].any()
+    for row in range(8):
+        assert not set(ranking.items[row].tolist()) & set(batch.item[row].tolist())
+
+
+def test_as_of_limits_history(setup):
+    model, events = setup
+    events = load_events(events, EventSchema())
+    cut = events["timestamp"].sort()[events.height // 2]
+    early = scoring_sequences(events, vocab=model.vocab, as_of=cut)
+    n_events = early["timestamp"].list.len().sum()
+    assert n_events == events.filter(pl.col("timestamp") <= cut).height
+    assert early["timestamp"].explode().max() <= int(cut.timestamp())
 
 
 # -- building blocks ---------------------------------------------------------------------------
