@@ -51,6 +51,26 @@ def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # KiB on Linux
 
 
+def _status_gib(field: str) -> float | None:
+    """``VmRSS`` (now) or ``VmHWM`` (peak since start or the last :func:`_reset_peak`)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset this process' VmHWM to its current RSS (Linux >= 4.0); ru_maxrss is not reset."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def _threads(requested: int | None) -> int:
     return requested or len(os.sched_getaffinity(0))
 
@@ -147,6 +167,8 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
             t2 = time.perf_counter()
             return items, t1 - t0, t2 - t1
 
+        rss_before = _status_gib("VmRSS")
+        can_reset = _reset_peak()
         score(batches[0])  # warm-up (allocator, faiss / MKL thread pools), not timed
         per_batch, encode_s, search_s, found = [], 0.0, 0.0, []
         usage0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -158,7 +180,12 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
                 if repeat == 0:
                     found.append(items)
         usage, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall0
-        peak = _peak_rss_gib()  # before the exact reference below, which is not this path's
+        # before the exact reference below, which is not this path's; resetting VmHWM resets
+        # ru_maxrss too, so the peak of the key table and index build is taken from before
+        peak = max(rss_index, _peak_rss_gib())
+        hwm = _status_gib("VmHWM")
+        # memory the searches needed on top of what was resident before them
+        search_extra = hwm - rss_before if can_reset and hwm and rss_before else None
 
         recall = None
         if path == "faiss":  # share of the exact top-K that the ANN search returned
@@ -186,6 +213,7 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
         "rss_start_gib": rss_start,
         "rss_model_gib": rss_model,
         "rss_index_gib": rss_index,
+        "search_extra_gib": search_extra,
         "threads": threads,
         # CPU seconds / wall seconds of the timed loop: ~threads on an idle machine
         "cores_busy": (usage.ru_utime - usage0.ru_utime + usage.ru_stime - usage0.ru_stime) / wall,
@@ -230,6 +258,10 @@ def measure(path: str, num_items: int, argv: list[str], *, max_rss_gib: float, t
     result = json.loads(lines[-1])
     result["process_s"] = time.perf_counter() - t0
     return result
+
+
+def _fmt_gib(value: float | None) -> str:
+    return "-" if value is None else f"+{value:.2f}"
 
 
 def fmt_items(n: int) -> str:
@@ -367,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             f"users/s, search {row['search_users_per_s']:,.0f} users/s; key table "
             f"{row['keys_s']:.2f} s, index {row['index_s']:.2f} s; RSS after imports "
             f"{row['rss_start_gib']:.2f}, + model and batches {row['rss_model_gib']:.2f}, + keys "
-            f"and index {row['rss_index_gib']:.2f} GiB; {row['threads']} threads, "
+            f"and index {row['rss_index_gib']:.2f} GiB, search working memory "
+            f"{_fmt_gib(row['search_extra_gib'])} GiB; {row['threads']} threads, "
             f"{row['cores_busy']:.2f} cores busy, load avg "
             f"{row['load_avg']:.1f}, process {row['process_s']:.0f} s"
         )

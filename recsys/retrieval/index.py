@@ -4,7 +4,8 @@
 
 - :class:`ExactIndex` walks the catalogue in chunks of ``item_chunk_size`` items, so a batch
   of B users never holds more than ``B x item_chunk_size`` scores (a 1 M-item catalogue in
-  chunks of 65 536 items: 512 users x 65 536 x 4 bytes = 128 MiB), and keeps a running top.
+  chunks of 65 536 items: 512 users x 65 536 x 4 bytes = 128 MiB of scores, plus the
+  chunk's top-K), and merges each chunk's top-K into a running top-K.
 - :class:`FaissIndex` (optional, ``pip install recsys[ann]``): an approximate HNSW or IVF
   inner-product index. The bias is folded in as one more dimension (``[q, 1] · [k, b]``).
 
@@ -43,14 +44,9 @@ def mask_items(scores: torch.Tensor, items: torch.Tensor, start: int) -> torch.T
 
     Shapes: scores (B, C) for items ``start .. start+C-1``; items (B, T).
     """
-    width = scores.shape[1]
     local = items - start
-    inside = (local >= 0) & (local < width)
-    # indices outside the chunk go to a spare column, so no index is written twice
-    local = torch.where(inside, local, width)
-    padded = torch.cat([scores, scores.new_zeros(scores.shape[0], 1)], dim=1)  # (B, C+1)
-    padded.scatter_(1, local, -math.inf)
-    scores.copy_(padded[:, :width])
+    rows, columns = torch.nonzero((local >= 0) & (local < scores.shape[1]), as_tuple=True)
+    scores[rows, local[rows, columns]] = -math.inf  # repeated indices write the same value
     return scores
 
 
@@ -63,8 +59,9 @@ def chunked_topk(
     exclude: torch.Tensor | None = None,
     item_chunk_size: int = 65_536,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``depth`` of ``score_chunk(start, end) -> (B, end - start)`` over items
-    ``0 .. num_items - 1``, one chunk at a time.
+    """Top-``depth`` of ``score_chunk(start, end) -> (B, end - start)`` (a new tensor, which
+    is modified in place) over items ``0 .. num_items - 1``, one chunk at a time: each chunk's
+    own top-``depth`` is merged into the running best, so memory is one chunk of scores.
 
     Shapes: blocked (num_items,) bool, True = never returned; exclude (B, T) item indices.
     Returns scores (B, depth) best first and items (B, depth) long.
@@ -72,17 +69,20 @@ def chunked_topk(
     best_scores = best_items = None
     for start in range(0, num_items, item_chunk_size):
         end = min(start + item_chunk_size, num_items)
-        scores = score_chunk(start, end).float().clone()  # (B, C)
+        scores = score_chunk(start, end)  # (B, C)
+        if scores.dtype != torch.float32:
+            scores = scores.float()
         scores.masked_fill_(blocked[start:end], -math.inf)
         if exclude is not None:
             mask_items(scores, exclude, start)
-        items = torch.arange(start, end, device=scores.device).expand_as(scores)
+        scores, position = scores.topk(min(depth, end - start), dim=1)  # (B, k)
+        items = position + start
         if best_scores is not None:
-            scores = torch.cat([best_scores, scores], dim=1)
+            scores = torch.cat([best_scores, scores], dim=1)  # (B, <= 2 * depth)
             items = torch.cat([best_items, items], dim=1)
-        k = min(depth, scores.shape[1])
-        best_scores, position = scores.topk(k, dim=1)  # (B, k)
-        best_items = items.gather(1, position)
+            scores, position = scores.topk(min(depth, scores.shape[1]), dim=1)
+            items = items.gather(1, position)
+        best_scores, best_items = scores, items
     if best_scores.shape[1] < depth:  # a catalogue smaller than depth
         missing = depth - best_scores.shape[1]
         best_scores = torch.cat(
@@ -158,7 +158,7 @@ class FaissIndex:
                 "or use retrieval.index=exact"
             ) from err
         self.faiss = faiss
-        if threads:
+        if threads:  # faiss' OpenMP setting is process-wide
             faiss.omp_set_num_threads(int(threads))
         self.num_items = keys.shape[0]
         self.ids = torch.nonzero(~blocked.cpu()).squeeze(1)  # faiss row -> item index
