@@ -4,8 +4,9 @@ into the packaged model and run by ``mlflow.pyfunc.load_model``; nothing is unpi
 ``mlflow.pyfunc.load_model("models:/<name>@<alias>").predict(events_df, params={...})`` scores
 a pandas event log (the columns the model was trained with) and returns the recommendations
 as a pandas frame (the columns of :mod:`recsys.retrieval.recommend`). ``params`` are
-``conf/retrieval`` keys (``top_k``, ``rules``, ...). recsys' own loader
-(:func:`recsys.tracking.resolve_model`) reads the packaged checkpoint directly.
+:data:`recsys.tasks.score.PYFUNC_PARAMS` (``top_k``, ``exclude``, ``max_per_category``,
+...). recsys' own loader (:func:`recsys.tracking.resolve_model`) reads the packaged checkpoint
+directly.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ class RecsysModel(PythonModel):
         self.model = load_checkpoint(context.artifacts["checkpoint"])
 
     def predict(self, context, model_input, params=None):
-        from recsys.tasks.score import recommend_frame
+        from recsys.tasks.score import recommend_frame, retrieval_from_params
 
-        return recommend_frame(self.model, model_input, retrieval=dict(params or {})).to_pandas()
+        retrieval, as_of = retrieval_from_params(params)
+        frame = recommend_frame(self.model, model_input, retrieval=retrieval, as_of=as_of)
+        return frame.to_pandas()
 
 
 mlflow.models.set_model(RecsysModel())

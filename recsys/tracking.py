@@ -147,7 +147,13 @@ class Tracker:
         import tempfile
 
         import mlflow.pyfunc
+        from mlflow.models import ModelSignature
+        from mlflow.types.schema import ParamSchema, ParamSpec
 
+        from recsys.tasks.score import PYFUNC_PARAMS
+
+        types = {int: "long", str: "string"}
+        params = ParamSchema([ParamSpec(k, types[type(v)], v) for k, v in PYFUNC_PARAMS.items()])
         code = Path(__file__).with_name("mlflow_model.py")
         with tempfile.TemporaryDirectory(prefix="recsys-model-") as tmp:
             folder = Path(tmp) / MODEL_ARTIFACT
@@ -156,6 +162,7 @@ class Tracker:
                 python_model=str(code),
                 artifacts={"checkpoint": str(checkpoint)},
                 pip_requirements=["recsys"],
+                signature=ModelSignature(inputs=None, outputs=None, params=params),
             )
             self.log_artifact(folder, MODEL_ARTIFACT)
         uri = f"runs:/{self.run_id}/{MODEL_ARTIFACT}"

@@ -115,6 +115,35 @@ def check_vocabulary(model: LoadedModel, events: pl.DataFrame, source_name: str)
     log.info("%d of %d item ids of the log are in the model's vocabulary", known.sum(), ids.len())
 
 
+# The MLflow pyfunc model's predict(params=...): flat scalars (MLflow's param schema has no
+# nested mappings), with 0 / "" for "not set".
+PYFUNC_PARAMS = {
+    "top_k": 10,
+    "rerank_top_n": 0,
+    "explanations": 3,
+    "exclude": "seen",
+    "max_per_category": 0,
+    "target_behavior": "",
+    "as_of": "",
+}
+
+
+def retrieval_from_params(params: Mapping[str, Any] | None) -> tuple[dict, str | None]:
+    """:data:`PYFUNC_PARAMS` -> (``retrieval`` for :func:`recommend_frame`, ``as_of``)."""
+    values = {**PYFUNC_PARAMS, **dict(params or {})}
+    unknown = sorted(set(values) - set(PYFUNC_PARAMS))
+    if unknown:
+        raise ValueError(f"unknown params {unknown}; allowed: {sorted(PYFUNC_PARAMS)}")
+    exclude = values["exclude"]
+    rules = {
+        "exclude": exclude if exclude in ("seen", "none") else exclude.split(","),
+        "max_per_category": values["max_per_category"] or None,
+        "target_behavior": values["target_behavior"] or None,
+    }
+    retrieval = {k: values[k] for k in ("top_k", "rerank_top_n", "explanations")}
+    return {**retrieval, "rules": rules}, values["as_of"] or None
+
+
 def _chunks(data: ScoringData, size: int) -> list[np.ndarray]:
     users = np.arange(data.store.num_users)
     return [users[i : i + size] for i in range(0, len(users), size)]

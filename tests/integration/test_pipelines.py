@@ -347,3 +347,21 @@ def test_score_command_line_takes_model_equals(main_run, tmp_path):
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_parts(tmp_path / "recs").equals(read_parts(result.recommendations))
+
+
+def test_packaged_mlflow_model_predicts_like_the_score_task(main_run):
+    """Outside recsys' own loader: mlflow.pyfunc.load_model(...).predict(events)."""
+    import mlflow.pyfunc
+
+    from recsys.checkpoint import load_checkpoint
+    from recsys.data.synthetic import generate_events
+    from recsys.tasks.score import recommend_frame
+
+    cfg, result = main_run
+    mlflow.set_tracking_uri(cfg.logger.tracking_uri)
+    events = generate_events(num_users=150, num_items=120, num_categories=8, seed=cfg.seed)
+    pyfunc = mlflow.pyfunc.load_model(f"models:/{REGISTERED}@champion")
+    predicted = pyfunc.predict(events.to_pandas(), params={"top_k": 3})
+    expected = recommend_frame(load_checkpoint(result.checkpoint), events, retrieval={"top_k": 3})
+    assert list(predicted.columns) == expected.columns
+    assert predicted["item_id"].tolist() == expected["item_id"].to_list()
