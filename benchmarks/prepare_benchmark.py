@@ -344,15 +344,13 @@ def _rss_gib(pid: int) -> float:
     return 0.0
 
 
-def measure(
-    impl: str, events_dir: Path, out_dir: Path, *, max_rss_gib: float, timeout_s: float | None
-) -> dict:
-    """Run one job in a fresh interpreter; kill it when its RSS passes ``max_rss_gib`` (so that
-    an over-large run cannot push the machine into the OOM killer)."""
-    cmd = [
-        sys.executable, "-m", "benchmarks.prepare_benchmark", "--run-one", impl,
-        "--events-dir", str(events_dir), "--out", str(out_dir),
-    ]  # fmt: skip
+def run_watched(
+    cmd: list[str], *, max_rss_gib: float, timeout_s: float | None
+) -> tuple[dict | None, str | None, float]:
+    """Run a benchmark child (``python -m ...``) from the repository root; kill it when its RSS
+    passes ``max_rss_gib`` (so an over-large run cannot push the machine into the OOM killer)
+    or it runs past ``timeout_s``. Returns (the JSON of its last stdout line or None, why it
+    failed, the largest RSS sampled in GiB)."""
     root = Path(__file__).resolve().parent.parent
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=None, text=True)
@@ -366,9 +364,9 @@ def measure(
             over_time = timeout_s is not None and time.perf_counter() - t0 > timeout_s
             if rss > max_rss_gib or over_time:
                 killed.append(
-                    f"RSS {rss:.1f} GiB > --max-rss-gib {max_rss_gib}"
+                    f"RSS {rss:.1f} GiB > {max_rss_gib:.1f}"
                     if rss > max_rss_gib
-                    else f"ran past --timeout {timeout_s} s"
+                    else f"ran past {timeout_s:.0f} s"
                 )
                 os.kill(proc.pid, signal.SIGKILL)
                 return
@@ -380,12 +378,26 @@ def measure(
     watcher.join()
     lines = [line for line in stdout.splitlines() if line.strip()]
     if killed or proc.returncode != 0 or not lines:
-        reason = killed[0] if killed else f"exit status {proc.returncode}"
+        return None, killed[0] if killed else f"exit status {proc.returncode}", sampled[0]
+    return json.loads(lines[-1]), None, sampled[0]
+
+
+def measure(
+    impl: str, events_dir: Path, out_dir: Path, *, max_rss_gib: float, timeout_s: float | None
+) -> dict:
+    """Run one job in a fresh interpreter; kill it when its RSS passes ``max_rss_gib`` (so that
+    an over-large run cannot push the machine into the OOM killer)."""
+    cmd = [
+        sys.executable, "-m", "benchmarks.prepare_benchmark", "--run-one", impl,
+        "--events-dir", str(events_dir), "--out", str(out_dir),
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    result, reason, sampled = run_watched(cmd, max_rss_gib=max_rss_gib, timeout_s=timeout_s)
+    if result is None:
         log.error("%s on %s failed: %s", impl, events_dir.name, reason)
-        return {"impl": impl, "error": reason, "sampled_rss_gib": sampled[0]}
-    result = json.loads(lines[-1])
+        return {"impl": impl, "error": reason, "sampled_rss_gib": sampled}
     result["process_wall_s"] = time.perf_counter() - t0
-    result["sampled_rss_gib"] = sampled[0]
+    result["sampled_rss_gib"] = sampled
     return result
 
 

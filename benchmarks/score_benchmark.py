@@ -22,16 +22,13 @@ import json
 import logging
 import os
 import resource
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.prepare_benchmark import GIB, _rss_gib, machine_facts, parse_size
+from benchmarks.prepare_benchmark import GIB, machine_facts, parse_size, run_watched
 
 log = logging.getLogger("benchmarks.score")
 
@@ -228,34 +225,11 @@ def measure(path: str, num_items: int, argv: list[str], *, max_rss_gib: float, t
         sys.executable, "-m", "benchmarks.score_benchmark", *argv,
         "--run-one", path, "--items", str(num_items),
     ]  # fmt: skip
-    root = Path(__file__).resolve().parent.parent
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=None, text=True)
-    killed: list[str] = []
-
-    def watch() -> None:
-        while proc.poll() is None:
-            rss = _rss_gib(proc.pid)
-            if rss > max_rss_gib or time.perf_counter() - t0 > timeout_s:
-                killed.append(
-                    f"RSS {rss:.1f} GiB > {max_rss_gib:.1f}"
-                    if rss > max_rss_gib
-                    else f"ran past {timeout_s:.0f} s"
-                )
-                os.kill(proc.pid, signal.SIGKILL)
-                return
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    stdout, _ = proc.communicate()
-    watcher.join()
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    if killed or proc.returncode != 0 or not lines:
-        reason = killed[0] if killed else f"exit status {proc.returncode}"
+    result, reason, _ = run_watched(cmd, max_rss_gib=max_rss_gib, timeout_s=timeout_s)
+    if result is None:
         log.error("%s at %d items failed: %s", path, num_items, reason)
         return {"path": path, "items": num_items, "error": reason}
-    result = json.loads(lines[-1])
     result["process_s"] = time.perf_counter() - t0
     return result
 

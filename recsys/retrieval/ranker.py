@@ -80,13 +80,28 @@ def two_stage(
     top_scores, top_items = scores.topk(depth, dim=1)  # (B, depth)
     reranked = torch.zeros_like(top_items, dtype=torch.bool)
     n = min(rerank_top_n, depth)
-    if n > 0:
-        head = top_items[:, :n]  # (B, N)
-        head_scores = model.rerank_scores(output, head)
-        # excluded / reserved candidates must stay at the bottom
-        head_scores = torch.where(torch.isneginf(top_scores[:, :n]), -torch.inf, head_scores)
-        order = head_scores.argsort(dim=1, descending=True, stable=True)
-        top_items = torch.cat([head.gather(1, order), top_items[:, n:]], dim=1)
-        top_scores = torch.cat([head_scores.gather(1, order), top_scores[:, n:]], dim=1)
-        reranked[:, :n] = True
+    top_items, top_scores = rerank_head(model, output, top_items, top_scores, n)
+    reranked[:, :n] = True
     return Ranking(items=top_items, scores=top_scores, reranked=reranked)
+
+
+def rerank_head(
+    model: torch.nn.Module,
+    output: EncoderOutput,
+    items: torch.Tensor,
+    scores: torch.Tensor,
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 2: re-order the first ``n`` of ``items`` (B, D), retrieved best first with
+    ``scores`` (B, D), by ``model.rerank_scores``; the rest keep their retrieval order.
+    ``-inf`` candidates (excluded, none left) stay at the bottom."""
+    n = min(n, items.shape[1])
+    if n <= 0:
+        return items, scores
+    head = items[:, :n]  # (B, N)
+    head_scores = model.rerank_scores(output, head)
+    head_scores = torch.where(torch.isneginf(scores[:, :n]), -torch.inf, head_scores)
+    order = head_scores.argsort(dim=1, descending=True, stable=True)
+    items = torch.cat([head.gather(1, order), items[:, n:]], dim=1)
+    scores = torch.cat([head_scores.gather(1, order), scores[:, n:]], dim=1)
+    return items, scores

@@ -39,6 +39,7 @@ from recsys.data.dataset import SequenceStore, TargetRows
 from recsys.data.pipeline import scoring_events, scoring_sequences
 from recsys.retrieval.catalogue import ITEM_CATEGORY, Catalogue
 from recsys.retrieval.index import build_index, chunked_topk
+from recsys.retrieval.ranker import rerank_head
 from recsys.retrieval.rules import Rules, cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, USER
 
@@ -179,7 +180,6 @@ class Recommender:
         self.popularity = (pop / (pop.max() + 1.0)).float().to(self.device)
         excluded = rules.excluded_behaviors(model.vocab.behaviors)
         self.exclude_event = None if excluded is None else np.isin(data.store.behavior, excluded)
-        self.nothing_excluded = excluded is None
         self.known = data.known_events
         self.rows = TargetRows(
             data.store,
@@ -202,53 +202,56 @@ class Recommender:
             faiss=dict(options.faiss or {}),
         )
         self.num_model_items = num_model
-        self._keys = keys
 
     # -- stage by stage ----------------------------------------------------------------------
     def _excluded(self, rows: np.ndarray) -> torch.Tensor | None:
-        if self.nothing_excluded:
+        if self.exclude_event is None:
             return None
         return _history(self.data.store, self.data.catalogue_index, rows, self.exclude_event).to(
             self.device
         )
 
-    def _depth(self) -> int:
-        o = self.options
-        depth = max(o.top_k, o.rerank_top_n)
-        return depth if self.rules.max_per_category is None else max(depth, 4 * o.top_k)
+    def _deep_enough(self, search, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``search(depth) -> (scores, items)`` (B, depth), best first, at the depth the rules
+        need: a category cap can eat a whole depth, so look 4x deeper while some row is short
+        of ``top_k`` and the ``limit`` items have more to give."""
+        depth = max(self.options.top_k, self.options.rerank_top_n)
+        if self.rules.max_per_category is not None:
+            depth = max(depth, 4 * self.options.top_k)
+        depth = min(depth, limit)
+        while True:
+            scores, items = search(depth)
+            valid = ~torch.isneginf(scores)
+            kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
+            short = kept.sum(dim=1) < self.options.top_k
+            if depth >= limit or not bool((short & valid.all(dim=1)).any()):
+                return scores, items
+            depth = min(depth * 4, limit)
 
     @torch.no_grad()
     def _model_candidates(self, rows: np.ndarray):
         """Model ranking of ``rows`` (positions in the store): candidates (B, D) best first,
-        their scores, the encoder output and the batch's flat event window."""
+        their scores, the encoder output and the batch."""
         batch = self.rows[list(rows)].to(self.device)
         output = self.encoder(*batch.model_inputs())
         exclude = self._excluded(rows)
-        depth = self._depth()
-        n = self.options.rerank_top_n
-        while True:
+
+        def search(depth: int) -> tuple[torch.Tensor, torch.Tensor]:
             scores, items = self.index.search(output.query, depth, exclude)  # (B, D)
-            if n > 0:
-                head = items[:, :n]
-                head_scores = self.encoder.rerank_scores(output, head)
-                head_scores = torch.where(torch.isneginf(scores[:, :n]), -math.inf, head_scores)
-                order = head_scores.argsort(dim=1, descending=True, stable=True)
-                items = torch.cat([head.gather(1, order), items[:, n:]], dim=1)
-                scores = torch.cat([head_scores.gather(1, order), scores[:, n:]], dim=1)
-            valid = ~torch.isneginf(scores)
-            kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
-            short = kept.sum(dim=1) < self.options.top_k
-            # a category cap can eat the whole depth: look deeper while the catalogue has more
-            if not bool((short & valid.all(dim=1)).any()) or depth >= self.num_model_items:
-                return items, scores, output, batch
-            depth = min(depth * 4, self.num_model_items)
+            items, scores = rerank_head(
+                self.encoder, output, items, scores, self.options.rerank_top_n
+            )
+            return scores, items
+
+        scores, items = self._deep_enough(search, self.num_model_items)
+        return items, scores, output, batch
 
     @torch.no_grad()
     def _fallback(self, rows: np.ndarray, also_exclude: torch.Tensor | None):
         """Cold-start candidates for ``rows``: (B, D) items, scores and a source code per item
         (1 = category_popularity, 2 = popularity)."""
-        store, data = self.data.store, self.data
-        history = _history(store, data.catalogue_index, rows, None).to(self.device)  # (B, L)
+        history = _history(self.data.store, self.data.catalogue_index, rows, None)
+        history = history.to(self.device)  # (B, L)
         counts = torch.zeros(len(rows), self.data.catalogue.num_categories, device=self.device)
         counts.scatter_add_(1, self.category[history], (history >= NUM_RESERVED).float())
         counts[:, 0] = 0  # "no category" is not a shared category
@@ -259,25 +262,21 @@ class Recommender:
         exclude = self._excluded(rows)
         if also_exclude is not None:
             exclude = also_exclude if exclude is None else torch.cat([exclude, also_exclude], 1)
-        depth = self._depth()
-        while True:
-            scores, items = chunked_topk(
+        size = self.data.catalogue.size
+
+        def search(depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return chunked_topk(
                 score_chunk,
-                self.data.catalogue.size,
+                size,
                 depth,
                 blocked=self.blocked,
                 exclude=exclude,
                 item_chunk_size=self.options.item_chunk_size,
             )
-            valid = ~torch.isneginf(scores)
-            kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
-            short = kept.sum(dim=1) < self.options.top_k
-            if not bool((short & valid.all(dim=1)).any()) or depth >= self.data.catalogue.size:
-                break
-            depth = min(depth * 4, self.data.catalogue.size)
+
+        scores, items = self._deep_enough(search, size)
         shared = counts.gather(1, self.category[items]) > 0
-        source = torch.where(shared, 1, 2)
-        return items, scores, source
+        return items, scores, torch.where(shared, 1, 2)
 
     @torch.no_grad()
     def recommend(self, rows: np.ndarray) -> pl.DataFrame:

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,31 @@ def _chunks(data: ScoringData, size: int) -> list[np.ndarray]:
     return [users[i : i + size] for i in range(0, len(users), size)]
 
 
+@dataclass
+class _Job:
+    """The checked inputs of a scoring job: settings, the log and the scoring data."""
+
+    options: ScoringOptions
+    rules: Rules
+    events: pl.DataFrame
+    data: ScoringData
+    as_of: datetime | None
+
+    @classmethod
+    def load(
+        cls, model, source, schema, retrieval, *, as_of, source_name, bad_rows=None, clock=None
+    ) -> _Job:
+        """Every check runs before anything is written: columns, settings, bad rows (with
+        ``bad_rows``; ``clock`` is the "now" future timestamps are judged by), vocabulary."""
+        check_columns(model, schema)
+        options, rules = settings(retrieval, model)
+        events = load_events(source, schema, bad_rows=bad_rows, as_of=clock)
+        check_vocabulary(model, events, source_name)
+        as_of = parse_instant(as_of, option="retrieval.as_of")
+        data = ScoringData.build(model, events, rules=rules, options=options, as_of=as_of)
+        return cls(options=options, rules=rules, events=events, data=data, as_of=as_of)
+
+
 def recommend_frame(
     model: LoadedModel,
     events: EventSource,
@@ -161,14 +187,11 @@ def recommend_frame(
     """Recommendations for every user of ``events`` (a frame or file with the columns the
     model was trained with, unless ``schema`` says otherwise), in memory. ``retrieval``:
     ``conf/retrieval`` keys, e.g. ``{"top_k": 5, "rules": {"max_per_category": 2}}``."""
-    schema = schema or model.schema
-    check_columns(model, schema)
-    options, rules = settings(retrieval, model)
-    loaded = load_events(events, schema)
-    check_vocabulary(model, loaded, "events")
-    as_of = parse_instant(as_of, option="as_of")
-    data = ScoringData.build(model, loaded, rules=rules, options=options, as_of=as_of)
-    recommender = Recommender(model, data, rules=rules, options=options, device=device)
+    job = _Job.load(
+        model, events, schema or model.schema, retrieval, as_of=as_of, source_name="events"
+    )
+    recommender = Recommender(model, job.data, rules=job.rules, options=job.options, device=device)
+    data, options = job.data, job.options
     frames = [recommender.recommend(rows) for rows in _chunks(data, options.user_chunk_size)]
     return pl.concat(frames) if frames else recommender.empty()
 
@@ -189,16 +212,19 @@ def run(
     else:
         path, model_tags = resolve_model(str(cfg.model_ref), cfg.logger)
     model = load_checkpoint(path)
-    schema = event_schema(cfg.data)
-    check_columns(model, schema)
-    options, rules = settings(retrieval, model)
     prepare = prepare_settings(cfg.data)
-    source = event_source(cfg)
-    events = load_events(source, schema, bad_rows=prepare.bad_rows, as_of=prepare.as_of)
-    check_vocabulary(model, events, str(cfg.data.source))
-    as_of = parse_instant(retrieval.get("as_of"), option="retrieval.as_of")
-    data = ScoringData.build(model, events, rules=rules, options=options, as_of=as_of)
-    fingerprint = events_fingerprint(events)
+    job = _Job.load(
+        model,
+        event_source(cfg),
+        event_schema(cfg.data),
+        retrieval,
+        as_of=retrieval.get("as_of"),
+        source_name=str(cfg.data.source),
+        bad_rows=prepare.bad_rows,
+        clock=prepare.as_of,
+    )
+    data, options, rules, as_of = job.data, job.options, job.rules, job.as_of
+    fingerprint = events_fingerprint(job.events)
     output_cfg = retrieval.get("output") or {}
     job = {
         "model": model_digest(model),
