@@ -22,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
+from recsys.data.validate import ATTRIBUTE_SEPARATOR, attribute_sets
 from recsys.schema import ATTRIBUTES, ITEM, NUM_RESERVED, PAD_IDX, UNK_IDX
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,6 @@ FILES = {
     "behaviors": "behaviors.parquet",
 }
 _KEY = "_attribute_key"
-_SEP = "\x1f"  # joins an attribute list into one group-by key (a control char, never in ids)
 
 
 @dataclass(frozen=True)
@@ -81,18 +81,22 @@ class Vocab:
         item_table: pl.LazyFrame | None = None,
         max_item_attributes: int = 32,
     ) -> Vocab:
-        """Fit on training events (``item_id`` and ``attributes`` columns).
+        """Fit on training events (``item_id`` and ``attributes``: attribute lists or the
+        keys of :func:`recsys.data.validate.attribute_key`).
 
         ``item_table`` (``item_id, attributes``) gives items their attribute sets; items it
         does not list fall back to their training events. Items seen fewer than
         ``min_item_count`` times map to UNK; an item keeps its ``max_item_attributes`` most
         frequent attributes.
         """
-        key = pl.col(ATTRIBUTES).list.join(_SEP)
+        side = pl.col(ATTRIBUTES)
+        if isinstance(train.collect_schema()[ATTRIBUTES], pl.List):  # else already a key
+            side = side.list.join(ATTRIBUTE_SEPARATOR)
         pairs = (
-            train.group_by(ITEM, key.alias(_KEY))
+            train.group_by(ITEM, side.alias(_KEY))
             .agg(pl.len().alias("_n"))
             .collect(engine="streaming")
+            .with_columns(pl.col(_KEY).cast(pl.String))
         )
         # each item's most frequent attribute set in training; ties -> smallest key
         chosen = (
@@ -106,7 +110,7 @@ class Vocab:
             .agg(pl.col("_n").sum().alias(TRAIN_COUNT))
             .filter(pl.col(TRAIN_COUNT) >= min_item_count)
             .join(chosen, on=ITEM, how="left")
-            .with_columns(pl.col(_KEY).str.split(_SEP).alias(ATTRIBUTES))
+            .with_columns(attribute_sets(pl.col(_KEY)).alias(ATTRIBUTES))
             .drop(_KEY)
         )
         if item_table is not None:

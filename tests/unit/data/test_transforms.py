@@ -70,28 +70,22 @@ def test_dedupe_without_repeats_is_identity():
     assert_frame_equal(got, run(transforms.sort_events, events))
 
 
-def test_label_duplicates_marks_all_but_the_first_input_row():
+def test_first_occurrence_marks_all_but_the_first_input_row():
     rows = [
         ("u1", 7, "view", 0, ["a"]),  # _row 9: a repeat of _row 4 although it comes first here
         ("u1", 7, "view", 0, ["b"]),  # _row 4: the first of the three in input order
         ("u2", 7, "view", 0, None),  # other user: not a repeat
         ("u1", 7, "cart", 0, None),  # other behaviour
         ("u1", 7, "view", 0, None),  # _row 12: another repeat of _row 4
-        ("u1", 8, "view", 5, None),  # _row 1, already labelled: keeps its label
-        ("u1", 8, "view", 5, None),  # _row 2, same key and label: not relabelled
+        ("u1", 8, "view", 5, None),  # _row 1
+        ("u1", 8, "view", 5, None),  # _row 2: a repeat of _row 1
     ]
-    events = frame(rows, rows_numbers=[9, 4, 3, 5, 12, 1, 2]).with_columns(
-        pl.Series(PROBLEM, [None] * 5 + ["future_timestamp"] * 2, dtype=pl.String)
-    )
-    expected = events.with_columns(
-        pl.Series(
-            PROBLEM,
-            ["duplicate", None, None, None, "duplicate", "future_timestamp", "future_timestamp"],
-            dtype=pl.String,
-        )
-    )
-    # label_duplicates works on frames in sort_events order (as the pipeline calls it)
-    got = run(lambda lf: lf.pipe(transforms.sort_events).pipe(transforms.label_duplicates), events)
+    events = frame(rows, rows_numbers=[9, 4, 3, 5, 12, 1, 2])
+    first = pl.Series("first", [False, True, True, True, False, True, False])
+    expected = events.with_columns(first)
+    # first_occurrence works on frames in sort_events order (as the pipeline calls it)
+    ordered = run(transforms.sort_events, events)
+    got = ordered.with_columns(transforms.first_occurrence(ordered))
     assert_frame_equal(got, run(transforms.sort_events, expected))
 
 
@@ -358,15 +352,8 @@ def test_chain_sort_label_filter_kcore_truncate_position():
             ("u2", 2, "cart", 1, None),
             ("u2", 3, "view", 0, None),  # u2's oldest event: truncated by max_events=2
         ]
-    ).with_columns(pl.lit(None, dtype=pl.String).alias(PROBLEM))
-    clean = (
-        events.lazy()
-        .pipe(transforms.sort_events)
-        .pipe(transforms.label_duplicates)
-        .filter(pl.col(PROBLEM).is_null())
-        .drop(PROBLEM)
-        .collect()
     )
+    clean = events.lazy().pipe(transforms.sort_events).pipe(transforms.dedupe).collect()
     users, items, _ = transforms.kcore_members(clean.lazy(), min_user_events=2, min_item_events=1)
     out = (
         clean.lazy()
@@ -376,7 +363,7 @@ def test_chain_sort_label_filter_kcore_truncate_position():
         .collect()
     )
     expected = (
-        events[[3, 0]].drop(PROBLEM).with_columns(pl.Series(POSITION, [0, 1], dtype=pl.Int32))
+        events[[3, 0]].with_columns(pl.Series(POSITION, [0, 1], dtype=pl.Int32))
     )
     assert_frame_equal(out, expected)
 
@@ -387,7 +374,6 @@ def test_chain_sort_label_filter_kcore_truncate_position():
         (transforms.dedupe, {}),
         (transforms.sort_events, {}),
         (transforms.add_position, {}),
-        (transforms.label_duplicates, {}),
         (transforms.clip_window, {"start": T0, "end": t(5)}),
         (transforms.keep_last_events, {"max_events": 2}),
         (transforms.sessionize, {"gap_seconds": 60.0, "has_session_id": False}),
