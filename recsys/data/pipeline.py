@@ -352,11 +352,7 @@ def _prepare(
     as_of = settings.as_of or datetime.now(UTC)
 
     # 1. one streaming pass: types, problem labels, input hash -> user partitions
-    typed = (
-        raw.with_row_index(ROW)
-        .pipe(normalize, schema=schema)
-        .pipe(classify, as_of=as_of)
-    )
+    typed = raw.with_row_index(ROW).pipe(normalize, schema=schema).pipe(classify, as_of=as_of)
     try:
         parts.distribute(
             typed.with_columns(_row_hash(typed.collect_schema().names())).with_columns(
@@ -388,9 +384,11 @@ def _prepare(
         good = _keep(df, pl.col(PROBLEM).is_null()).drop(_HASH, *_BAD_ROW_COLUMNS)
         good = good.lazy().pipe(transforms.sort_events).collect(engine=LOCAL)
         first = transforms.first_occurrence(good)
-        duplicates = good.filter(~first).with_columns(
-            pl.lit(None, dtype=df.schema[col]).alias(col) for col in _BAD_ROW_COLUMNS
-        ).with_columns(pl.lit("duplicate", dtype=df.schema[PROBLEM]).alias(PROBLEM))
+        duplicates = (
+            good.filter(~first)
+            .with_columns(pl.lit(None, dtype=df.schema[col]).alias(col) for col in _BAD_ROW_COLUMNS)
+            .with_columns(pl.lit("duplicate", dtype=df.schema[PROBLEM]).alias(PROBLEM))
+        )
         if duplicates.height:
             enforce(
                 {"duplicate": duplicates.height},
@@ -458,9 +456,7 @@ def _prepare(
             min_item_events=settings.min_item_events,
         )
         members = (users, item_ids)
-        parts.map(
-            "filter", lambda index: finalize(parts.read("clean", index), index)
-        )
+        parts.map("filter", lambda index: finalize(parts.read("clean", index), index))
         parts.drop("clean")
         clock.lap("kcore")
     final = parts.scan("final")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from recsys.data.validate import PROBLEM, ROW
+from recsys.data.validate import ROW
 from recsys.schema import EVENT_TYPE, ITEM, SESSION, TIMESTAMP, USER
 
 POSITION = "position"  # 0-based index of an event within its user's time-ordered history

@@ -362,9 +362,7 @@ def test_chain_sort_label_filter_kcore_truncate_position():
         .pipe(transforms.add_position)
         .collect()
     )
-    expected = (
-        events[[3, 0]].with_columns(pl.Series(POSITION, [0, 1], dtype=pl.Int32))
-    )
+    expected = events[[3, 0]].with_columns(pl.Series(POSITION, [0, 1], dtype=pl.Int32))
     assert_frame_equal(out, expected)
 
 
