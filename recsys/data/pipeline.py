@@ -357,7 +357,7 @@ def _prepare(
         parts.distribute(
             typed.with_columns(_row_hash(typed.collect_schema().names())).with_columns(
                 # hashed as text (stable); carried as codes: gathers 10-15x cheaper than text
-                pl.col(ATTRIBUTES).cast(pl.Categorical)
+                pl.col(ATTRIBUTES, EVENT_TYPE).cast(pl.Categorical)
             ),
             "typed",
         )
@@ -398,6 +398,7 @@ def _prepare(
                 schema=schema,
             )
             good = good.filter(first)
+        good = good.drop(ROW)  # the tie rule's input order has done its work
         counters["duplicate"] += duplicates.height
         parts.write(pl.concat([bad_rows, duplicates.select(bad_rows.columns)]), "quarantine", index)
         kept = good.lazy().pipe(
@@ -529,7 +530,9 @@ def _prepare(
     sequences = parts.scan("sequences")
     sequences.sink_parquet(stage / SEQUENCES_FILE)
     quarantine = parts.scan("quarantine").pipe(raw_as_text)
-    quarantine.with_columns(attribute_sets(pl.col(ATTRIBUTES))).select(
+    quarantine.with_columns(
+        pl.col(EVENT_TYPE).cast(pl.String), attribute_sets(pl.col(ATTRIBUTES))
+    ).select(
         pl.col(ROW).alias("row"),
         pl.col(PROBLEM).alias("problem"),
         pl.all().exclude(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE),
