@@ -17,14 +17,17 @@ OPTIONS = {
     "min_item_events": 3,  # iterative k-core across partitions
     "max_user_events": 40,
     "session_gap_seconds": 1800,
-    "bad_rows": {"duplicate": "drop"},
+    "bad_rows": {"duplicate": "drop", "future_timestamp": "drop"},
 }
 
 
 @pytest.fixture(scope="module")
 def log() -> pl.DataFrame:
     events = generate_events(num_users=150, num_items=120, num_categories=8, seed=17)
-    return pl.concat([events, events.sample(25, seed=1)])  # some duplicates to quarantine
+    future = events.sample(4, seed=2).with_columns(
+        pl.col("timestamp").dt.offset_by("100y")  # bad rows: set aside before the sort
+    )
+    return pl.concat([events, events.sample(25, seed=1), future])  # repeats to quarantine
 
 
 @pytest.mark.parametrize("split", ["temporal", "leave_one_out"])
@@ -46,6 +49,8 @@ def test_many_partitions_equal_one(log, tmp_path, split):
     assert different == {"partitions", "settings"}
     assert one.stats["fingerprint"] != ""
     assert one.stats["duplicates_removed"] == 25
+    assert one.stats["bad_rows"] == {"future_timestamp": 4, "duplicate": 25}
+    assert one.quarantine().height == 29
     assert one.stats["sessions"] > one.stats["users"]
     assert one.stats["events_removed_by_kcore"] > 0
 
