@@ -4,7 +4,7 @@ Stages (each a streaming pass or a loop over user partitions; nothing holds the 
 
     scan_events -> normalize -> classify          stream, sink into user-hash partitions
     bad-row policy (error | drop)                 counts; errors stop here, nothing written
-    per partition: sort, label duplicates, clip to the time window, then
+    per partition: set bad rows aside, sort, find repeats, clip to the time window, then
       [k-core membership                          iterative, one streaming pass per round;
                                                   only with min_item_events > 1]
       user filter / k-core, keep last N per user, sessionize, positions
@@ -14,7 +14,9 @@ Stages (each a streaming pass or a loop over user partitions; nothing holds the 
     per partition: encode, one row per user       -> sequences.parquet
     quarantine.parquet, vocabularies, stats.json
 
-Rows are routed to a partition by a hash of the user id, so every per-user step (sorting,
+A log of at most ``partition_rows`` events is one partition, and its stages pass frames in
+memory (no work files); a longer log streams through Parquet work files, one partition at a
+time. Rows are routed to a partition by a hash of the user id, so every per-user step (sorting,
 dedupe, truncation, sessions, splits) sees all of a user's events while holding only about
 ``partition_rows`` events in memory. Global steps (bad-row counts, k-core, cut times,
 vocabulary) are polars streaming aggregations whose size is the number of users or items.

@@ -29,8 +29,8 @@ def first_occurrence(events: pl.DataFrame) -> pl.Series:
 
     Identical events share user and timestamp, so they sit in one run of adjacent rows with
     equal ``(user, timestamp)``. Rows outside such tie runs (nearly all) are first without a
-    look-up; only the rows of tie runs are gathered and compared, which on 10 M events takes
-    0.05 s where a first-distinct over every row's key took 0.55 s.
+    look-up; only the rows of tie runs are gathered and compared (a first-distinct over a key
+    built for every row took 0.55 s on 10 M events).
     """
     user, ts = pl.col(USER), pl.col(TIMESTAMP)
     same_as_previous = ((user == user.shift(1)) & (ts == ts.shift(1))).fill_null(False)
