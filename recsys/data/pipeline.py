@@ -623,7 +623,7 @@ _BAD_ROW_COLUMNS = (RAW_TIMESTAMP, RAW_EVENT_TYPE, PROBLEM)  # null in every goo
 def _keep(frame: pl.DataFrame, mask: pl.Expr) -> pl.DataFrame:
     """``frame.filter(mask)``, or ``frame`` itself when every row passes (the usual case for
     bad rows and short users): a filter copies every column, and fresh memory is what costs
-    most here (page faults were over half the CPU time of preparing 10 M events)."""
+    most here (page faults took about half the CPU time of preparing 10 M events)."""
     keep = frame.select(mask).to_series()
     return frame if keep.all() else frame.filter(keep)
 

@@ -198,41 +198,30 @@ def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, t
 def test_schema_mismatch_fails_clearly_and_writes_nothing(main_run, make_config, tmp_path):
     _, result = main_run
     log_file = tmp_path / "events.csv"
+
+    def scoring_config(*columns: str):
+        return make_config(
+            "score",
+            [
+                f"model_ref={result.checkpoint}",
+                "logger=none",
+                "data=events_file",
+                f"data.source={log_file}",
+                "data.columns.user_id=user",
+                "data.columns.item_id=item",
+                "data.columns.timestamp=ts",
+                *columns,
+                f"retrieval.output.path={tmp_path}/recs",
+            ],
+        )
+
     log_file.write_text("user,item,ts\n1,10,1700000000\n1,11,1700000100\n")
-    cfg = make_config(
-        "score",
-        [
-            f"model_ref={result.checkpoint}",
-            "logger=none",
-            "data=events_file",
-            f"data.source={log_file}",
-            "data.columns.user_id=user",
-            "data.columns.item_id=item",
-            "data.columns.timestamp=ts",
-            "data.columns.event_type=null",
-            f"retrieval.output.path={tmp_path}/recs",
-        ],
-    )
     with pytest.raises(DataError, match=r"does not match the model's schema.*'event_type'"):
-        score.run(cfg)
+        score.run(scoring_config("data.columns.event_type=null"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv"]
     # right columns, but items the model has never seen: the log of another shop
     log_file.write_text("user,item,ts,event,cat\n1,990001,1700000000,view,c00\n")
-    cfg = make_config(
-        "score",
-        [
-            f"model_ref={result.checkpoint}",
-            "logger=none",
-            "data=events_file",
-            f"data.source={log_file}",
-            "data.columns.user_id=user",
-            "data.columns.item_id=item",
-            "data.columns.timestamp=ts",
-            "data.columns.event_type=event",
-            "data.columns.category=cat",
-            f"retrieval.output.path={tmp_path}/recs",
-        ],
-    )
+    cfg = scoring_config("data.columns.event_type=event", "data.columns.category=cat")
     with pytest.raises(DataError, match="none of its 1 item ids are in the model's vocabulary"):
         score.run(cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv"]
