@@ -208,7 +208,8 @@ class Vocab:
         return [None, None, *self.items[ITEM].to_list()]
 
     # -- persistence ------------------------------------------------------------------------
-    def save(self, folder: Path) -> None:
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.items.write_parquet(folder / FILES["items"])
         self.attributes.write_parquet(folder / FILES["attributes"])
@@ -218,7 +219,8 @@ class Vocab:
         ).write_parquet(folder / FILES["behaviors"])
 
     @classmethod
-    def load(cls, folder: Path) -> Vocab:
+    def load(cls, folder: str | Path) -> Vocab:
+        folder = Path(folder)
         missing = [f for f in FILES.values() if not (folder / f).exists()]
         if missing:
             raise FileNotFoundError(

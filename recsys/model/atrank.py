@@ -38,6 +38,7 @@ from recsys.model.embeddings import POSITIONAL_ENCODINGS, BehaviorAwareEmbedding
 from recsys.model.layers import (
     FFN_ACTIVATIONS,
     QKV_ACTIVATIONS,
+    POSITION_ORIGINS,
     TransformerBlock,
     _check_bool,
     _check_choice,
@@ -67,6 +68,9 @@ class ATRank(nn.Module):
       Defaults: ``d_model`` and ``d_model // 2`` (attributes are far fewer than items, so a
       narrower table suffices). An item's attribute vector is the mean over its attribute set.
     - ``positional``: "sinusoidal", "learned" or "none" (ATRank relies on time buckets only).
+    - ``position_origin``: "last" (the most recent event is always the last position) or
+      "first" (the window's first event is position 0); see
+      :func:`recsys.model.layers.position_index`.
     - ``norm_first``: pre-norm (True) or ATRank's post-norm (False) blocks.
     - ``qkv_activation``: None or "relu" (ATRank); ``output_projection``: ATRank has none.
     - ``activation``: feed-forward activation, "gelu" or "relu" (ATRank).
@@ -93,6 +97,7 @@ class ATRank(nn.Module):
         item_dim: int | None = None,
         attribute_dim: int | None = None,
         positional: str = "sinusoidal",
+        position_origin: str = "last",
         norm_first: bool = True,
         qkv_activation: str | None = None,
         output_projection: bool = True,
@@ -140,6 +145,7 @@ class ATRank(nn.Module):
             else _check_int("attribute_dim", attribute_dim)
         )
         _check_choice("positional", positional, POSITIONAL_ENCODINGS)
+        _check_choice("position_origin", position_origin, POSITION_ORIGINS)
         norm_first = _check_bool("norm_first", norm_first)
         _check_choice("qkv_activation", qkv_activation, QKV_ACTIVATIONS)
         output_projection = _check_bool("output_projection", output_projection)
@@ -163,6 +169,7 @@ class ATRank(nn.Module):
             "item_dim": item_dim,
             "attribute_dim": attribute_dim,
             "positional": positional,
+            "position_origin": position_origin,
             "norm_first": norm_first,
             "qkv_activation": qkv_activation,
             "output_projection": output_projection,
@@ -183,6 +190,7 @@ class ATRank(nn.Module):
             attribute_dim=attribute_dim,
             item_attribute_width=item_attribute_width,
             positional=positional,
+            position_origin=position_origin,
             max_seq_len=max_seq_len,
             dropout=dropout,
         )

@@ -63,6 +63,7 @@ class BehaviorAwareEmbedding(nn.Module):
         attribute_dim: int,
         item_attribute_width: int = 1,
         positional: str = "sinusoidal",
+        position_origin: str = "last",
         max_seq_len: int,
         dropout: float,
     ) -> None:
@@ -125,11 +126,11 @@ class BehaviorAwareEmbedding(nn.Module):
         self.positional: nn.Module | None
         if positional == "sinusoidal":
             self.positional = SinusoidalPositionalEncoding(
-                max_seq_len=max_seq_len, d_model=self.d_model
+                max_seq_len=max_seq_len, d_model=self.d_model, origin=position_origin
             )
         elif positional == "learned":
             self.positional = LearnedPositionalEncoding(
-                max_seq_len=max_seq_len, d_model=self.d_model
+                max_seq_len=max_seq_len, d_model=self.d_model, origin=position_origin
             )
         else:
             self.positional = None
@@ -245,6 +246,6 @@ class BehaviorAwareEmbedding(nn.Module):
         x = x.squeeze(2)  # (B, T, D)
         x = x + self.behavior_bias[behavior] + self.time_embedding(time_bucket)
         if self.positional is not None:
-            x = x + self.positional(item.shape[1])  # (T, D) broadcast over B
+            x = x + self.positional(padding_mask)  # (T, D) or (B, T, D)
         x = self.dropout(x)
         return x.masked_fill(~padding_mask[..., None], 0.0)

@@ -18,6 +18,7 @@ from recsys.schema import NUM_RESERVED
 
 QKV_ACTIVATIONS = (None, "relu")
 FFN_ACTIVATIONS = ("gelu", "relu")
+POSITION_ORIGINS = ("last", "first")
 
 
 # --- argument checks shared by the model modules -------------------------------------------
@@ -262,9 +263,10 @@ class SinusoidalPositionalEncoding(nn.Module):
     history means the same in a batch trimmed to its longest row as in a full-width one.
     """
 
-    def __init__(self, *, max_seq_len: int, d_model: int) -> None:
+    def __init__(self, *, max_seq_len: int, d_model: int, origin: str = "last") -> None:
         super().__init__()
         self.max_seq_len = _check_int("max_seq_len", max_seq_len)
+        self.origin = _check_choice("position_origin", origin, POSITION_ORIGINS)
         d_model = _check_int("d_model", d_model)
         position = torch.arange(max_seq_len, dtype=torch.float32)[:, None]  # (L, 1)
         even = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(D/2),)
@@ -275,24 +277,41 @@ class SinusoidalPositionalEncoding(nn.Module):
         # Not persistent: it is a pure function of the constructor arguments.
         self.register_buffer("table", table, persistent=False)
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        """Shapes: returns (T, D) for ``seq_len`` = T <= max_seq_len: the last T positions."""
-        _check_seq_len(seq_len, self.max_seq_len)
-        return self.table[self.max_seq_len - seq_len :]
+    def forward(self, padding_mask: torch.Tensor) -> torch.Tensor:
+        """Shapes: padding_mask (B, T) bool -> (T, D) or (B, T, D); see :func:`position_index`."""
+        return self.table[position_index(padding_mask, self.max_seq_len, self.origin)]
 
 
 class LearnedPositionalEncoding(nn.Module):
     """One trained vector per position 0 .. max_seq_len-1 (counted as in the sinusoidal one)."""
 
-    def __init__(self, *, max_seq_len: int, d_model: int) -> None:
+    def __init__(self, *, max_seq_len: int, d_model: int, origin: str = "last") -> None:
         super().__init__()
         self.max_seq_len = _check_int("max_seq_len", max_seq_len)
+        self.origin = _check_choice("position_origin", origin, POSITION_ORIGINS)
         self.embedding = nn.Embedding(max_seq_len, _check_int("d_model", d_model))
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        """Shapes: returns (T, D) for ``seq_len`` = T <= max_seq_len: the last T positions."""
-        _check_seq_len(seq_len, self.max_seq_len)
-        return self.embedding.weight[self.max_seq_len - seq_len :]
+    def forward(self, padding_mask: torch.Tensor) -> torch.Tensor:
+        """Shapes: padding_mask (B, T) bool -> (T, D) or (B, T, D); see :func:`position_index`."""
+        return self.embedding.weight[position_index(padding_mask, self.max_seq_len, self.origin)]
+
+
+def position_index(padding_mask: torch.Tensor, max_seq_len: int, origin: str) -> torch.Tensor:
+    """Which position each token of a left-padded window takes.
+
+    ``origin="last"``: positions count back from the most recent event, which is always
+    ``max_seq_len - 1`` (returns (T,)). ``origin="first"``: the window's first real event is 0,
+    the next 1, and so on (returns (B, T); padding takes 0). With ``"first"`` a token's
+    position depends only on the events before it, so causal training at every position computes
+    exactly what a prediction from that prefix computes at evaluation (as when every prefix is a
+    training sample, RecBole's and the S3-Rec family's form); with ``"last"`` the position of the
+    token a training prediction is made from is not the one evaluation uses.
+    """
+    seq_len = padding_mask.shape[-1]
+    _check_seq_len(seq_len, max_seq_len)
+    if origin == "last":
+        return torch.arange(max_seq_len - seq_len, max_seq_len, device=padding_mask.device)
+    return (padding_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
 def _check_seq_len(seq_len: int, max_seq_len: int) -> None:

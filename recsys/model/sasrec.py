@@ -58,6 +58,7 @@ class SASRec(nn.Module):
         num_heads: int = 2,
         num_layers: int = 2,
         dropout: float = 0.2,
+        position_origin: str = "last",
         num_attributes: int | None = None,
         num_behaviors: int | None = None,
         num_time_buckets: int | None = None,
@@ -79,6 +80,7 @@ class SASRec(nn.Module):
             "num_heads": num_heads,
             "num_layers": num_layers,
             "dropout": dropout,
+            "position_origin": position_origin,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -90,7 +92,9 @@ class SASRec(nn.Module):
         nn.init.normal_(self.item_embedding.weight, std=d_model**-0.5)
         with torch.no_grad():
             self.item_embedding.weight[PAD_IDX].zero_()
-        self.position = LearnedPositionalEncoding(max_seq_len=max_seq_len, d_model=d_model)
+        self.position = LearnedPositionalEncoding(
+            max_seq_len=max_seq_len, d_model=d_model, origin=position_origin
+        )
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(
@@ -123,7 +127,7 @@ class SASRec(nn.Module):
         if padding_mask is None:
             padding_mask = item != PAD_IDX
         x = self.item_embedding(item) * math.sqrt(self.d_model)
-        x = self.dropout(x + self.position(item.shape[1]))
+        x = self.dropout(x + self.position(padding_mask))
         x = x.masked_fill(~padding_mask[..., None], 0.0)
         mask = attention_mask(padding_mask, causal=True)
         for block in self.blocks:

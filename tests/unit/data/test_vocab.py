@@ -221,6 +221,8 @@ def test_save_load_round_trip(rows, tmp_path):
     assert loaded.behaviors == vocab.behaviors
     assert loaded.item_attribute_table() == vocab.item_attribute_table()
     assert loaded.content_hash() == vocab.content_hash()
+    # a folder given as text works the same (notebooks pass strings)
+    assert Vocab.load(str(tmp_path / "vocab")).content_hash() == vocab.content_hash()
 
 
 @pytest.mark.parametrize("rows", [ROWS, MULTI_ROWS], ids=["one", "several"])

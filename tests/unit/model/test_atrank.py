@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from recsys.model import ATRank, EncoderOutput
+from recsys.model.sasrec import SASRec
 from recsys.schema import PAD_IDX, UNK_IDX
 
 SIZES = {
@@ -125,6 +126,32 @@ def test_values_at_padding_positions_change_nothing(
         )
     torch.testing.assert_close(clean.hidden, noisy.hidden, atol=1e-5, rtol=0)
     torch.testing.assert_close(clean.query, noisy.query, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("encoder", "positional"),
+    [("atrank", "learned"), ("atrank", "sinusoidal"), ("sasrec", "learned")],
+)
+def test_first_origin_trains_every_position_as_its_own_prefix(encoder: str, positional: str):
+    """position_origin="first" + causal: the hidden state at position t of a window equals the
+    query the model computes from the prefix ending at t alone, so training every position at
+    once is training on every prefix (what evaluation then sees)."""
+    if encoder == "atrank":
+        model = make_model(positional=positional, position_origin="first")
+    else:  # SASRec's positions are learned
+        torch.manual_seed(0)
+        model = SASRec(
+            num_items=SIZES["num_items"], max_seq_len=8, d_model=16, position_origin="first"
+        ).eval()
+    tokens = make_tokens([6, 4], seq_len=6)
+    with torch.no_grad():
+        whole = model(*tokens)
+        for end in range(1, 6):
+            prefix = model(*left_pad(tuple(t[:, :end] for t in tokens), extra=6 - end))
+            real = tokens[3][:, end - 1]  # rows whose position end-1 is a real event
+            torch.testing.assert_close(
+                whole.hidden[real, end - 1], prefix.query[real], atol=1e-5, rtol=0
+            )
 
 
 @pytest.mark.parametrize("causal", [True, False])

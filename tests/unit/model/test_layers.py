@@ -14,6 +14,7 @@ from recsys.model.layers import (
     SinusoidalPositionalEncoding,
     TransformerBlock,
     attention_mask,
+    position_index,
 )
 
 F, T = False, True
@@ -113,28 +114,56 @@ def test_feed_forward_shape() -> None:
     assert ffn(torch.randn(2, 3, 8)).shape == (2, 3, 8)
 
 
+def _window(*rows: str) -> torch.Tensor:
+    """Padding masks from strings: '.' = padding, 'x' = real token (left-padded)."""
+    return torch.tensor([[c == "x" for c in row] for row in rows])
+
+
 def test_sinusoidal_values() -> None:
     encoding = SinusoidalPositionalEncoding(max_seq_len=4, d_model=6)
-    table = encoding(4)
+    table = encoding(_window("xxxx"))
     assert table.shape == (4, 6)
     torch.testing.assert_close(table[0], torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]))
     torch.testing.assert_close(table[3, 0], torch.tensor(math.sin(3.0)))
     torch.testing.assert_close(table[3, 3], torch.tensor(math.cos(3.0 / 10000 ** (2 / 6))))
     # a narrower window gets the last positions: the most recent event keeps position L-1
-    torch.testing.assert_close(encoding(2), table[2:])
+    torch.testing.assert_close(encoding(_window(".x")), table[2:])
     assert "table" not in encoding.state_dict()  # derived from the arguments, not a weight
 
 
 def test_sinusoidal_odd_width() -> None:
-    assert SinusoidalPositionalEncoding(max_seq_len=4, d_model=5)(4).shape == (4, 5)
+    mask = _window("xxxx")
+    assert SinusoidalPositionalEncoding(max_seq_len=4, d_model=5)(mask).shape == (4, 5)
 
 
 def test_learned_positional_shape_and_length_check() -> None:
     encoding = LearnedPositionalEncoding(max_seq_len=4, d_model=3)
-    assert encoding(2).shape == (2, 3)
-    torch.testing.assert_close(encoding(2), encoding(4)[2:])
+    assert encoding(_window("xx")).shape == (2, 3)
+    torch.testing.assert_close(encoding(_window("xx")), encoding(_window("xxxx"))[2:])
     with pytest.raises(ValueError, match="T=5 exceeds max_seq_len=4"):
-        encoding(5)
+        encoding(_window("xxxxx"))
+
+
+def test_position_index_origins() -> None:
+    mask = _window("..xx", "xxxx", "...x")
+    # last: the most recent event is always L-1, whatever the padding (one row for all)
+    assert position_index(mask, 6, "last").tolist() == [2, 3, 4, 5]
+    # first: the window's first real event is 0; padding takes 0
+    assert position_index(mask, 6, "first").tolist() == [[0, 0, 0, 1], [0, 1, 2, 3], [0, 0, 0, 0]]
+    with pytest.raises(ValueError, match="position_origin='middle' is not supported"):
+        LearnedPositionalEncoding(max_seq_len=4, d_model=3, origin="middle")
+
+
+def test_first_origin_makes_a_token_independent_of_later_events() -> None:
+    """With origin "first" a token's position is the same in the whole window and in any prefix
+    of it, which is what makes causal training at every position match evaluation."""
+    encoding = LearnedPositionalEncoding(max_seq_len=5, d_model=3, origin="first")
+    full = encoding(_window(".xxxx"))  # events e0..e3
+    prefix = encoding(_window("...xx"))  # events e0..e1, left-padded to the same width
+    torch.testing.assert_close(full[0, 1:3], prefix[0, 3:5])
+    last = LearnedPositionalEncoding(max_seq_len=5, d_model=3, origin="last")
+    last.load_state_dict(encoding.state_dict())
+    assert not torch.allclose(last(_window(".xxxx"))[1:3], last(_window("...xx"))[3:5])
 
 
 def test_constructor_messages() -> None:
