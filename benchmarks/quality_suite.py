@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("benchmarks.quality")
 
+BASELINES = ("popularity", "transition")  # evaluated by every run (recsys.tasks.evaluate)
 RECBOLE_NDCG = 0.0546  # RecBole SASRec (CE) on Beauty, P1, this machine: 60 min, 17 epochs
 BCE_ONE_NEGATIVE = [
     "training.loss=bce",
@@ -51,7 +52,9 @@ class Model:
 MODELS = {
     m.name: m
     for m in (
-        Model("popularity", "popularity", ()),  # read off every run's evaluation
+        # baselines: read off every run's evaluation
+        Model("popularity", "popularity", ()),
+        Model("transition", "first-order transition (PROTOCOLS.md)", ()),
         Model("sasrec_bce", "SASRec (BCE, 1 negative)", ("model=sasrec", *BCE_ONE_NEGATIVE)),
         Model("sasrec_ce", "SASRec+ (full-softmax CE)", ("model=sasrec",)),
         Model(
@@ -89,6 +92,7 @@ DATASETS = {
                 "sasrec_ce": (0.0531, "SASRec + sampled softmax, transformer_benchmark, P2"),
                 "atrank": (0.0614, "WEARec repo, P1 (best of 88 runs on test)"),
                 "popularity": (0.0056, "PROTOCOLS.md, P1"),
+                "transition": (0.0441, "PROTOCOLS.md, P1"),
             },
         ),
         Dataset(
@@ -99,6 +103,7 @@ DATASETS = {
                 "sasrec_ce": (0.0314, "SASRec + sampled softmax, P2"),
                 "atrank": (0.0367, "WEARec repo, P1"),
                 "popularity": (0.0052, "PROTOCOLS.md, P1"),
+                "transition": (0.0236, "PROTOCOLS.md, P1"),
             },
         ),
         Dataset(
@@ -109,6 +114,7 @@ DATASETS = {
                 "sasrec_ce": (0.0580, "SASRec + sampled softmax, P2"),
                 "atrank": (0.0657, "ICSRec repo, P1"),
                 "popularity": (0.0049, "PROTOCOLS.md, P1"),
+                "transition": (0.0483, "PROTOCOLS.md, P1"),
             },
         ),
         Dataset(
@@ -157,7 +163,10 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
     cfg, overrides = compose(dataset, model, seed, run_dir, extra)
     started = time.perf_counter()
     trained = train.run(cfg)
-    metrics = evaluate.run(cfg, trained.checkpoint, prepared_dir=trained.prepared_dir)
+    # validation as well: the baselines' validation numbers show the gap the data itself has
+    metrics = evaluate.run(
+        cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, splits=("val", "test")
+    )
     curve = [
         (entry["train_seconds"], entry.get("curve/test_ndcg_at_10"))
         for entry in trained.history or []
@@ -196,19 +205,20 @@ def table(results: list[dict]) -> str:
     groups: dict[tuple[str, str], list[dict]] = {}
     for result in results:
         groups.setdefault((result["dataset"], result["model"]), []).append(result)
-    popularity_done = set()
+    baselines_done = set()
     for (dataset, model), runs in groups.items():
         spec = DATASETS[dataset]
-        if dataset not in popularity_done:  # popularity is evaluated in every run: show once
-            popularity_done.add(dataset)
+        if dataset not in baselines_done:  # evaluated in every run: shown once per dataset
+            baselines_done.add(dataset)
             first = runs[0]["test"]
-            published = spec.published.get("popularity")
-            rows.append(
-                f"| {dataset} | popularity | {spec.protocol} | 1 | "
-                f"{first['test/popularity_hr_at_10']:.4f} | "
-                f"{first['test/popularity_ndcg_at_10']:.4f} | "
-                f"{_published(published)} | — | — | (every run's evaluation) |"
-            )
+            for baseline in BASELINES:
+                rows.append(
+                    f"| {dataset} | {MODELS[baseline].label} | {spec.protocol} | 1 | "
+                    f"{first[f'test/{baseline}_hr_at_10']:.4f} | "
+                    f"{first[f'test/{baseline}_ndcg_at_10']:.4f} | "
+                    f"{_published(spec.published.get(baseline))} | — | — | "
+                    "(every run's evaluation) |"
+                )
         hr = [r["test"]["test/hr_at_10"] for r in runs]
         ndcg = [r["test"]["test/ndcg_at_10"] for r in runs]
         minutes = [r["train_seconds"] / 60 for r in runs if r["train_seconds"] is not None]
@@ -276,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for dataset in datasets:
         for model in models:
-            if model.name == "popularity":
+            if model.name in BASELINES:
                 continue
             for seed in range(args.seeds):
                 log.info("%s / %s / seed %d ...", dataset, model.name, seed)

@@ -1,8 +1,11 @@
-"""Task: a trained checkpoint (and the popularity baseline) on the held-out targets.
+"""Task: a trained checkpoint (and two baselines) on the held-out targets.
 
-Both go through the same metric code as validation (:meth:`SeqRecModule.evaluation_metrics`).
-Metrics are logged as ``test/<metric>`` and ``test/popularity_<metric>`` (likewise ``val/``),
-with the protocol as run tags.
+The baselines are popularity and the first-order transition model (PROTOCOLS.md's trivial
+baselines, :mod:`recsys.model.transition`), both fitted on the training events of the same
+prepared data. All three go through the same metric code as validation
+(:meth:`SeqRecModule.evaluation_metrics`). Metrics are logged as ``test/<metric>``,
+``test/popularity_<metric>`` and ``test/transition_<metric>`` (likewise ``val/``), with the
+protocol as run tags.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from recsys.checkpoint import LoadedModel, load_checkpoint
 from recsys.data.datamodule import SeqRecDataModule
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
+from recsys.model.transition import Transition
 from recsys.tasks import prepare
 from recsys.tasks.train import data_arguments
 from recsys.tracking import Tracker, resolve_model, use_tracker
@@ -89,12 +93,20 @@ def run(
             "(different data or data settings): evaluate on the data the model was trained on"
         )
     device = pick_device(cfg.trainer.accelerator)
+    datamodule.setup()
+    store, train_counts = datamodule.store, model.vocab.item_train_counts()
     candidates = {
         "": _evaluation_module(cfg, model.encoder, model.vocab),
         # one stage: popularity has nothing to re-rank with
         "popularity_": _evaluation_module(
             cfg,
-            Popularity(torch.tensor(model.vocab.item_train_counts())),
+            Popularity(torch.tensor(train_counts)),
+            model.vocab,
+            rerank_top_n=0,
+        ),
+        "transition_": _evaluation_module(
+            cfg,
+            Transition.from_sequences(store.item, store.offsets, store.train_end, train_counts),
             model.vocab,
             rerank_top_n=0,
         ),
@@ -110,11 +122,14 @@ def run(
         tracker.set_tags(protocol_tags(cfg, datamodule))
     for split in splits:
         log.info(
-            "%s NDCG@10 %.4f (popularity %.4f), HR@10 %.4f (popularity %.4f)",
+            "%s NDCG@10 %.4f (popularity %.4f, transition %.4f), "
+            "HR@10 %.4f (popularity %.4f, transition %.4f)",
             split,
             metrics[f"{split}/ndcg_at_10"],
             metrics[f"{split}/popularity_ndcg_at_10"],
+            metrics[f"{split}/transition_ndcg_at_10"],
             metrics[f"{split}/hr_at_10"],
             metrics[f"{split}/popularity_hr_at_10"],
+            metrics[f"{split}/transition_hr_at_10"],
         )
     return metrics

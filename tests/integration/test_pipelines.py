@@ -58,6 +58,7 @@ def test_main_job_writes_recommendations(main_run):
     assert recs.group_by("user_id").len()["len"].max() == cfg.retrieval.top_k
     assert result.metrics["test/ndcg_at_10"] >= 0
     assert "test/popularity_ndcg_at_10" in result.metrics
+    assert "test/transition_ndcg_at_10" in result.metrics
 
 
 def test_main_job_mlflow_run(main_run):
@@ -77,6 +78,7 @@ def test_main_job_mlflow_run(main_run):
         "test/hr_at_10",
         "test/mrr_at_10",
         "test/popularity_ndcg_at_10",
+        "test/transition_ndcg_at_10",
         "best/val_ndcg_at_10",
         "score/users",
     ):
