@@ -37,8 +37,8 @@ from torch import nn
 from recsys.model.embeddings import POSITIONAL_ENCODINGS, BehaviorAwareEmbedding
 from recsys.model.layers import (
     FFN_ACTIVATIONS,
-    QKV_ACTIVATIONS,
     POSITION_ORIGINS,
+    QKV_ACTIVATIONS,
     TransformerBlock,
     _check_bool,
     _check_choice,
