@@ -57,6 +57,7 @@ from recsys.data.split import (
     SplitSettings,
     split_positions,
     temporal_cuts,
+    training_events,
 )
 from recsys.data.transforms import POSITION, SESSION_INDEX
 from recsys.data.validate import (
@@ -244,12 +245,16 @@ class _Partitions:
         self.work = work
         self.count = count
         self.in_memory = count == 1
+        # a whole-log query on frames in memory runs faster in the in-memory engine
+        self.engine = LOCAL if self.in_memory else "streaming"
         self._frames: dict[tuple[str, int], pl.DataFrame] = {}
 
     def distribute(self, typed: pl.LazyFrame, stage: str) -> None:
         """Route ``typed``'s rows into the partitions of ``stage`` (one streaming pass)."""
         if self.in_memory:
-            self._frames[stage, 0] = typed.collect(engine=LOCAL)
+            # streaming even here: it holds only the typed columns, not the file's columns
+            # beside them (10 M events: 0.65 s and 0.7 GiB peak, in-memory 1.1 s and 1.45 GiB)
+            self._frames[stage, 0] = typed.collect(engine="streaming")
             return
         typed.with_columns((pl.col(USER).hash(seed=1) % self.count).alias(_PART)).sink_parquet(
             pl.PartitionBy(self.work / stage, key=_PART, include_key=False),
@@ -478,7 +483,7 @@ def _prepare(
 
     # 4. split
     points = (
-        temporal_cuts(final, settings.split)
+        temporal_cuts(final, settings.split, engine=parts.engine)
         if settings.split.method == "temporal"
         else SplitPoints(None, None)
     )
@@ -493,9 +498,7 @@ def _prepare(
     clock.lap("split")
 
     # 5. vocabulary on the training window only
-    train = final.join(positions.select(USER, TRAIN_END), on=USER).filter(
-        pl.col(POSITION) < pl.col(TRAIN_END)
-    )
+    train = training_events(final, positions, settings.split, points)
     item_table = None
     if items is not None:
         item_table = _item_table(items, item_columns, schema, final.collect_schema()[ITEM])

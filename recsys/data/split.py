@@ -77,14 +77,31 @@ class SplitPoints:
     test_start: datetime | None
 
 
-def temporal_cuts(lf: pl.LazyFrame, settings: SplitSettings) -> SplitPoints:
-    """The validation and test cut times: quantiles of the event timestamps."""
+def temporal_cuts(
+    lf: pl.LazyFrame, settings: SplitSettings, *, engine: str = "streaming"
+) -> SplitPoints:
+    """The validation and test cut times: quantiles of the event timestamps. ``engine``: the
+    polars engine (``in-memory`` for a frame already in memory: 0.02 s on 10 M events where
+    the streaming engine takes 0.3 s)."""
     train_fraction = 1.0 - settings.val_fraction - settings.test_fraction
     cuts = lf.select(
         pl.col(TIMESTAMP).quantile(train_fraction, "lower").alias("val"),
         pl.col(TIMESTAMP).quantile(1.0 - settings.test_fraction, "lower").alias("test"),
-    ).collect(engine="streaming")
+    ).collect(engine=engine)
     return SplitPoints(val_start=cuts["val"][0], test_start=cuts["test"][0])
+
+
+def training_events(
+    lf: pl.LazyFrame, positions: pl.LazyFrame, settings: SplitSettings, points: SplitPoints
+) -> pl.LazyFrame:
+    """The events at positions ``< train_end`` (``lf`` as for :func:`split_positions`, whose
+    output ``positions`` is): what vocabularies and statistics are fitted on. A temporal
+    split's training window is the events before the validation cut, found without a join."""
+    if settings.method == "temporal":
+        return lf.filter(pl.col(TIMESTAMP) < points.val_start)
+    return lf.join(positions.select(USER, TRAIN_END), on=USER).filter(
+        pl.col(POSITION) < pl.col(TRAIN_END)
+    )
 
 
 def split_positions(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
