@@ -533,7 +533,8 @@ def _prepare(
 
     parts.map("encode", encode)
     sequences = parts.scan("sequences")
-    sequences.sink_parquet(stage / SEQUENCES_FILE)
+    # zstd level 1: as small as the default level (39 MiB for 10 M events), 0.1 s faster
+    sequences.sink_parquet(stage / SEQUENCES_FILE, compression_level=1)
     quarantine = parts.scan("quarantine").pipe(raw_as_text)
     quarantine.with_columns(
         pl.col(EVENT_TYPE).cast(pl.String), attribute_sets(pl.col(ATTRIBUTES))

@@ -95,44 +95,51 @@ class Vocab:
         pairs = (
             train.group_by(ITEM, side.alias(_KEY))
             .agg(pl.len().alias("_n"))
-            .collect(engine="streaming")
+            .collect(engine="streaming")  # faster here even on frames in memory
             .with_columns(pl.col(_KEY).cast(pl.String))
         )
         # each item's most frequent attribute set in training; ties -> smallest key
         chosen = (
-            pairs.drop_nulls(_KEY)
+            pairs.lazy()
+            .drop_nulls(_KEY)
             .sort(["_n", _KEY], descending=[True, False])
-            .group_by(ITEM, maintain_order=True)
-            .agg(pl.col(_KEY).first())
+            .unique(ITEM, keep="first")
+            .select(ITEM, _KEY)
         )
         counts = (
-            pairs.group_by(ITEM)
+            pairs.lazy()
+            .group_by(ITEM)
             .agg(pl.col("_n").sum().alias(TRAIN_COUNT))
-            .filter(pl.col(TRAIN_COUNT) >= min_item_count)
             .join(chosen, on=ITEM, how="left")
-            .with_columns(attribute_sets(pl.col(_KEY)).alias(ATTRIBUTES))
-            .drop(_KEY)
         )
+        counts = counts.filter(pl.col(TRAIN_COUNT) >= min_item_count)
         if item_table is not None:
             listed = (
-                item_table.join(counts.lazy().select(ITEM), on=ITEM, how="semi")
+                item_table.join(counts.select(ITEM), on=ITEM, how="semi")
                 .explode(ATTRIBUTES)
                 .drop_nulls(ATTRIBUTES)
                 .group_by(ITEM)
-                .agg(pl.col(ATTRIBUTES).unique(maintain_order=True).alias("_listed"))
-                .collect(engine="streaming")
+                .agg(pl.col(ATTRIBUTES).unique().sort().str.join(ATTRIBUTE_SEPARATOR).alias("_listed"))
             )
             counts = (
                 counts.join(listed, on=ITEM, how="left")
-                .with_columns(pl.coalesce("_listed", ATTRIBUTES).alias(ATTRIBUTES))
+                .with_columns(pl.coalesce("_listed", _KEY).alias(_KEY))
                 .drop("_listed")
             )
-        counts = counts.sort([TRAIN_COUNT, ITEM], descending=[True, False])
-        attributes = (
+        counts = counts.sort([TRAIN_COUNT, ITEM], descending=[True, False]).collect()
+        # Attribute work happens once per distinct attribute set, not once per item.
+        sets = (
             counts.lazy()
+            .drop_nulls(_KEY)
+            .group_by(_KEY)
+            .agg(pl.col(TRAIN_COUNT).sum(), pl.len().alias("_items"))
+            .with_columns(attribute_sets(pl.col(_KEY)).list.unique().alias(ATTRIBUTES))
+            .collect()
+        )
+        attributes = (
+            sets.lazy()
             .select(ATTRIBUTES, TRAIN_COUNT)
             .explode(ATTRIBUTES)
-            .drop_nulls(ATTRIBUTES)
             .group_by(ATTRIBUTES)
             .agg(pl.col(TRAIN_COUNT).sum().alias("_n"))
             .sort(["_n", ATTRIBUTES], descending=[True, False])
@@ -140,27 +147,31 @@ class Vocab:
             .select(pl.col(ATTRIBUTES).alias(ATTRIBUTE), pl.col(INDEX).cast(pl.Int32))
             .collect()
         )
-        attribute_map = dict(zip(attributes[ATTRIBUTE], attributes[INDEX]))
-        indices = (
-            pl.col(ATTRIBUTES)
-            .list.eval(
-                pl.element().replace_strict(attribute_map, default=None, return_dtype=pl.Int32)
+        set_indices = (
+            sets.lazy()
+            .select(_KEY, ATTRIBUTES)
+            .explode(ATTRIBUTES)
+            .join(attributes.lazy(), left_on=ATTRIBUTES, right_on=ATTRIBUTE)
+            .group_by(_KEY)
+            .agg(pl.col(INDEX).sort().head(max_item_attributes).alias(ATTRIBUTE_INDICES))
+            .collect()
+        )
+        unknown = pl.lit([UNK_IDX], dtype=pl.List(pl.Int32))
+        items = (
+            counts.lazy()
+            .with_row_index(INDEX, offset=NUM_RESERVED)
+            .join(set_indices.lazy(), on=_KEY, how="left", maintain_order="left")
+            .select(
+                ITEM,
+                pl.col(INDEX).cast(pl.Int32),
+                pl.col(ATTRIBUTE_INDICES).fill_null(unknown),
+                pl.col(TRAIN_COUNT).cast(pl.Int64),
             )
-            .list.unique()
-            .list.sort()
-            .list.head(max_item_attributes)
+            .collect()
         )
-        items = counts.with_row_index(INDEX, offset=NUM_RESERVED).select(
-            ITEM,
-            pl.col(INDEX).cast(pl.Int32),
-            pl.when(pl.col(ATTRIBUTES).list.len() > 0)
-            .then(indices)
-            .otherwise(pl.lit([UNK_IDX], dtype=pl.List(pl.Int32)))
-            .fill_null(pl.lit([UNK_IDX], dtype=pl.List(pl.Int32)))
-            .alias(ATTRIBUTE_INDICES),
-            pl.col(TRAIN_COUNT).cast(pl.Int64),
+        truncated = int(
+            sets.filter(pl.col(ATTRIBUTES).list.len() > max_item_attributes)["_items"].sum()
         )
-        truncated = int((counts[ATTRIBUTES].list.len() > max_item_attributes).sum())
         if truncated:
             log.info(
                 "%d item(s) have more than max_item_attributes=%d attributes: kept the most "
