@@ -389,7 +389,7 @@ def _prepare(
         # duplicate a good row: their problem comes from the very values a duplicate shares.
         bad_rows = df.filter(pl.col(PROBLEM).is_not_null()).drop(_HASH)
         good = _keep(df, pl.col(PROBLEM).is_null()).drop(_HASH, *_BAD_ROW_COLUMNS)
-        good = good.lazy().pipe(transforms.sort_events).collect(engine=LOCAL)
+        good = transforms.in_event_order(good)
         first = transforms.first_occurrence(good)
         duplicates = (
             good.filter(~first)

@@ -50,6 +50,21 @@ def sort_events(lf: pl.LazyFrame) -> pl.LazyFrame:
     return lf.sort([USER, TIMESTAMP, ROW]).pipe(sorted_by_user)
 
 
+def in_event_order(events: pl.DataFrame) -> pl.DataFrame:
+    """``events`` (with ``_row``) in :func:`sort_events` order. A log that is in
+    that order already (exports per user, such as the S3-Rec files) is returned as it is: the
+    check reads two columns, where a sort copies every column (10 M events: 0.03 s against
+    0.4 s and 0.35 GiB)."""
+    user, ts, row = pl.col(USER), pl.col(TIMESTAMP), pl.col(ROW)
+    same_user, same_time = user == user.shift(1), ts == ts.shift(1)
+    in_order = (user > user.shift(1)) | (
+        same_user & ((ts > ts.shift(1)) | (same_time & (row > row.shift(1))))
+    )
+    if events.select(in_order.fill_null(True).all()).item():
+        return events.lazy().pipe(sorted_by_user).collect(engine="in-memory")
+    return events.lazy().pipe(sort_events).collect(engine="in-memory")
+
+
 def sorted_by_user(lf: pl.LazyFrame) -> pl.LazyFrame:
     """Tell polars that ``lf`` (in :func:`sort_events` order, e.g. read back from a work
     file, which loses the flag) is sorted by user: per-user windows (``over``) and group-bys

@@ -140,6 +140,49 @@ def test_sort_events_stability_on_many_ties():
     assert_frame_equal(run(transforms.sort_events, shuffled), expected)
 
 
+@pytest.mark.parametrize(
+    "order",
+    [
+        [0, 1, 2, 3, 4, 5],  # in event order already: returned as it is
+        [3, 4, 5, 0, 1, 2],  # users out of order
+        [1, 0, 2, 3, 4, 5],  # times out of order
+        [0, 2, 1, 3, 4, 5],  # a tie (same user and time) out of input-row order
+    ],
+)
+def test_in_event_order_sorts_only_what_is_out_of_order(order):
+    events = frame(
+        [
+            ("u1", 1, "view", 1, None),
+            ("u1", 2, "cart", 3, None),
+            ("u1", 3, "view", 3, None),
+            ("u2", 4, "view", 1, None),
+            ("u2", 5, "view", 2, None),
+            ("u2", 6, "view", 2, None),
+        ]
+    )
+    got = transforms.in_event_order(events[order])
+    assert_frame_equal(got, events)
+    assert got[USER].flags["SORTED_ASC"]
+
+
+def test_in_event_order_matches_sort_events_on_a_shuffled_log():
+    n = 600
+    events = pl.DataFrame(
+        {
+            ROW: list(range(n)),
+            USER: [f"u{i % 7}" for i in range(n)],
+            ITEM: list(range(n)),
+            EVENT_TYPE: ["view"] * n,
+            TIMESTAMP: [t(i % 5) for i in range(n)],
+            ATTRIBUTES: [None] * n,
+        },
+        schema=DTYPES,
+    ).sample(fraction=1.0, shuffle=True, seed=5)
+    expected = run(transforms.sort_events, events)
+    assert_frame_equal(transforms.in_event_order(events), expected)
+    assert_frame_equal(transforms.in_event_order(expected), expected)
+
+
 def test_add_position_numbers_each_users_events():
     events = frame(
         [
