@@ -262,6 +262,33 @@ def ensure_events(data_dir: Path, name: str, n_events: int, workers: int) -> Pat
     return folder
 
 
+def in_order(folder: Path, order: str) -> Path:
+    """The events of ``folder`` (generated in user, then time order: a per-user export) in
+    ``order``: ``user`` is the folder itself; ``time`` is a copy sorted by timestamp (stable:
+    each user's events keep their order), the order of a log exported as it was recorded.
+    Kept beside the folder as ``<folder>_by_time`` and reused while its row count matches."""
+    import polars as pl
+
+    if order == "user":
+        return folder
+    target = folder.with_name(f"{folder.name}_by_time")
+    if target.is_dir() and count_rows(target) == count_rows(folder):
+        log.info("%s: cached", target.name)
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=folder.parent))
+    try:
+        pl.scan_parquet(folder / "*.parquet").sort("timestamp", maintain_order=True).sink_parquet(
+            tmp / _part_name(0)
+        )
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("%s: written", target.name)
+    return target
+
+
 # -- the measured jobs (child process) ---------------------------------------------------------
 def new_prepare():
     """``recsys.data.prepare`` (the new API) or ``None`` while it does not exist yet."""
@@ -575,6 +602,13 @@ def main(argv: list[str] | None = None) -> int:
         help="sizes that also run the pandas reference ('' for none; default %(default)s)",
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs per job; the median is shown")
+    parser.add_argument(
+        "--order",
+        choices=("user", "time"),
+        default="user",
+        help="row order of the log: user (as generated: by user, then time) or time (sorted by "
+        "timestamp, as recorded); default %(default)s",
+    )
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument(
         "--keep-data",
@@ -655,9 +689,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             folder = data_dir / f"events_{name}"
             existed = folder.exists()
+            label = name if args.order == "user" else f"{name} by {args.order}"
             events_dir = ensure_events(data_dir, name, n_events, args.gen_workers)
             if not existed:
                 created.append(events_dir)
+            if args.order != "user":
+                had_copy = events_dir.with_name(f"{events_dir.name}_by_{args.order}").exists()
+                events_dir = in_order(events_dir, args.order)
+                if not had_copy:
+                    created.append(events_dir)
             for impl in jobs:
                 out_dir = data_dir / "out" / f"{name}-{impl}"
                 runs = []
@@ -681,11 +721,11 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(stale, ignore_errors=True)
                 failed = [r for r in runs if "error" in r]
                 if failed:
-                    row = {**failed[0], "size": name, "n_events": n_events}
+                    row = {**failed[0], "size": label, "n_events": n_events}
                 else:
                     row = {
                         **runs[len(runs) // 2],
-                        "size": name,
+                        "size": label,
                         "n_events": n_events,
                         "wall_s": statistics.median(r["wall_s"] for r in runs),
                         "wall_s_runs": [r["wall_s"] for r in runs],
