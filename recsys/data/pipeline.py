@@ -59,7 +59,7 @@ from recsys.data.split import (
     temporal_cuts,
     training_events,
 )
-from recsys.data.transforms import POSITION, SESSION_INDEX
+from recsys.data.transforms import SESSION_INDEX
 from recsys.data.validate import (
     PROBLEM,
     PROBLEM_KINDS,

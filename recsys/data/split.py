@@ -85,7 +85,9 @@ def temporal_cuts(
     the polars engine (``in-memory`` for a frame already in memory)."""
     train_fraction = 1.0 - settings.val_fraction - settings.test_fraction
     cuts = (
-        lf.select(pl.col(TIMESTAMP).quantile([train_fraction, 1.0 - settings.test_fraction], "lower"))
+        lf.select(
+            pl.col(TIMESTAMP).quantile([train_fraction, 1.0 - settings.test_fraction], "lower")
+        )
         .collect(engine=engine)
         .to_series()[0]
     )

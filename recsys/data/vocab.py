@@ -119,7 +119,13 @@ class Vocab:
                 .explode(ATTRIBUTES)
                 .drop_nulls(ATTRIBUTES)
                 .group_by(ITEM)
-                .agg(pl.col(ATTRIBUTES).unique().sort().str.join(ATTRIBUTE_SEPARATOR).alias("_listed"))
+                .agg(
+                    pl.col(ATTRIBUTES)
+                    .unique()
+                    .sort()
+                    .str.join(ATTRIBUTE_SEPARATOR)
+                    .alias("_listed")
+                )
             )
             counts = (
                 counts.join(listed, on=ITEM, how="left")
