@@ -102,8 +102,10 @@ def training_events(
     split's training window is the events before the validation cut, found without a join."""
     if settings.method == "temporal":
         return lf.filter(pl.col(TIMESTAMP) < points.val_start)
-    return lf.join(positions.select(USER, TRAIN_END), on=USER).filter(
-        pl.col(POSITION) < pl.col(TRAIN_END)
+    return (
+        lf.join(positions.select(USER, TRAIN_END), on=USER)
+        .filter(pl.col(POSITION) < pl.col(TRAIN_END))
+        .drop(TRAIN_END)
     )
 
 

@@ -24,8 +24,10 @@ from recsys.data.split import (
     SplitSettings,
     split_positions,
     temporal_cuts,
+    training_events,
 )
 from recsys.data.synthetic import generate_events
+from recsys.data.transforms import POSITION
 from recsys.data.validate import ROW
 from recsys.data.vocab import ATTRIBUTE, TRAIN_COUNT, Vocab
 from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, UNK_IDX, USER, EventSchema
@@ -102,6 +104,27 @@ def split(settings: SplitSettings) -> tuple[SplitPoints, pl.DataFrame]:
 def test_temporal_cuts_are_event_count_quantiles():
     points, _ = split(SplitSettings(val_fraction=0.2, test_fraction=0.2))
     assert points == SplitPoints(val_start=T0 + 6 * STEP, test_start=T0 + 8 * STEP)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SplitSettings(val_fraction=0.2, test_fraction=0.2),
+        SplitSettings(method="leave_one_out"),
+        SplitSettings(method="leave_last_n", holdout_events=2),
+    ],
+)
+def test_training_events_are_the_positions_before_train_end(settings):
+    # the temporal shortcut (timestamp < validation cut) must select exactly what the
+    # positions say
+    points, got_positions = split(settings)
+    ends = dict(got_positions.select(USER, TRAIN_END).iter_rows())
+    train = training_events(tiny_log(), got_positions.lazy(), settings, points).collect()
+    expected = tiny_log().filter(
+        pl.col(POSITION) < pl.col(USER).replace_strict(ends, return_dtype=pl.Int32)
+    )
+    assert_frame_equal(train.sort(USER, POSITION), expected.collect().sort(USER, POSITION))
+    assert train.height > 0
 
 
 def test_temporal_split_any_behavior():
