@@ -380,11 +380,11 @@ def _prepare(
     # 2. per partition: sort, duplicates, time window (quarantine what is set aside), then
     # the per-user steps; with an item threshold the k-core membership (global) comes between
     counters = {"duplicate": 0, "outside_window": 0, "clean": 0, "kcore": 0, "truncated": 0}
-    digest = np.zeros(1, dtype=np.uint64)
+    digest = [0]  # sum of the row hashes modulo 2**64: independent of partitioning and order
 
     def clean(index: int) -> pl.DataFrame:
         df = parts.read("typed", index)
-        np.add(digest, np.sum(df[_HASH].to_numpy(), dtype=np.uint64), out=digest)  # wraps
+        digest[0] = (digest[0] + df[_HASH].sum()) % 2**64  # (polars' UInt64 sum wraps too)
         # Bad rows leave before the sort (which then moves a slimmer frame), and cannot
         # duplicate a good row: their problem comes from the very values a duplicate shares.
         bad_rows = df.filter(pl.col(PROBLEM).is_not_null()).drop(_HASH)
@@ -568,7 +568,7 @@ def _prepare(
     items_hash = _frame_digest(item_table.collect()) if item_table is not None else None
     stats = {
         "source": name,
-        "fingerprint": _fingerprint(rows_read, int(digest[0]), items_hash, settings, schema),
+        "fingerprint": _fingerprint(rows_read, digest[0], items_hash, settings, schema),
         "rows_read": rows_read,
         "bad_rows": bad,
         "bad_rows_policy": asdict(settings.bad_rows),
