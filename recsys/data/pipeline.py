@@ -274,8 +274,13 @@ class _Partitions:
             self._frames[stage, index] = frame
             return
         (self.work / stage).mkdir(parents=True, exist_ok=True)
-        # work files are read once and deleted: fast compression beats small files
-        frame.write_parquet(self.work / stage / f"part-{index:05d}.parquet", compression="lz4")
+        # work files are read once and deleted: fast compression beats small files; one row
+        # group reads back as one chunk (see transforms.in_event_order for why that matters)
+        frame.write_parquet(
+            self.work / stage / f"part-{index:05d}.parquet",
+            compression="lz4",
+            row_group_size=max(1, frame.height),
+        )
 
     def read(self, stage: str, index: int) -> pl.DataFrame:
         if self.in_memory:

@@ -80,18 +80,21 @@ class SplitPoints:
 def temporal_cuts(
     lf: pl.LazyFrame, settings: SplitSettings, *, engine: str = "streaming"
 ) -> SplitPoints:
-    """The validation and test cut times: quantiles of the event timestamps, found in one
-    selection pass (two separate quantiles took 0.3 s on 10 M events, this 0.15 s). ``engine``:
-    the polars engine (``in-memory`` for a frame already in memory)."""
-    train_fraction = 1.0 - settings.val_fraction - settings.test_fraction
-    cuts = (
-        lf.select(
-            pl.col(TIMESTAMP).quantile([train_fraction, 1.0 - settings.test_fraction], "lower")
-        )
-        .collect(engine=engine)
-        .to_series()[0]
-    )
-    return SplitPoints(val_start=cuts[0], test_start=cuts[1])
+    """The validation and test cut times: quantiles of the event timestamps. ``engine``: the
+    polars engine (``in-memory`` for a frame already in memory, in one chunk).
+
+    The fastest form differs by engine (10 M events): in memory, one quantile per cut (a
+    selection each: 0.02-0.05 s; both in one list-quantile sort all: 0.24 s); streamed from
+    files, one list-quantile pass (0.2 s; two separate quantiles 0.35 s)."""
+    quantiles = [1.0 - settings.val_fraction - settings.test_fraction, 1.0 - settings.test_fraction]
+    ts = pl.col(TIMESTAMP)
+    if engine == "in-memory":
+        cuts = lf.select(ts.quantile(q, "lower").alias(f"q{i}") for i, q in enumerate(quantiles))
+        val_start, test_start = cuts.collect(engine=engine).row(0)
+    else:
+        cuts = lf.select(ts.quantile(quantiles, "lower")).collect(engine=engine)
+        val_start, test_start = cuts.to_series()[0]
+    return SplitPoints(val_start=val_start, test_start=test_start)
 
 
 def training_events(
