@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import re
@@ -221,7 +222,10 @@ def ensure_events(data_dir: Path, name: str, n_events: int, workers: int) -> Pat
     try:
         total, chunk, next_chunk, pending = 0, 0, 0, {}
         per_chunk = EXPECTED_EVENTS_PER_CHUNK
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        # spawn, not fork: a forked child of a process whose polars thread pool is running
+        # (a notebook, a test) can deadlock
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
             while total < n_events:
                 # start chunks while the ones in flight are not expected to reach the size
                 while len(pending) < workers and (
@@ -603,6 +607,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs per job; the median is shown")
     parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="uncounted runs per job before the measured ones (default %(default)s)",
+    )
+    parser.add_argument(
         "--order",
         choices=("user", "time"),
         default="user",
@@ -635,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error(f"--repeats {args.repeats} must be >= 1 and --warmup {args.warmup} >= 0")
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -698,22 +710,32 @@ def main(argv: list[str] | None = None) -> int:
                 events_dir = in_order(events_dir, args.order)
                 if not had_copy:
                     created.append(events_dir)
-            for impl in jobs:
-                out_dir = data_dir / "out" / f"{name}-{impl}"
-                runs = []
-                for repeat in range(args.repeats):
-                    log.info("%s %s: run %d/%d ...", name, impl, repeat + 1, args.repeats)
-                    result = measure(
-                        impl, events_dir, out_dir, max_rss_gib=max_rss, timeout_s=args.timeout
-                    )
+            out_dirs = {impl: data_dir / "out" / f"{name}-{impl}" for impl in jobs}
+            all_runs: dict[str, list[dict]] = {impl: [] for impl in jobs}
+            # Warm-up runs first (not counted), then the implementations take turns, so that
+            # both meet the machine in the same state (see benchmarks/README.md)
+            schedule = [(-1 - w, impl) for w in range(args.warmup) for impl in jobs]
+            schedule += [(repeat, impl) for repeat in range(args.repeats) for impl in jobs]
+            for repeat, impl in schedule:
+                runs = all_runs[impl]
+                if runs and "error" in runs[-1]:
+                    continue
+                kind = "warm-up" if repeat < 0 else f"run {repeat + 1}/{args.repeats}"
+                log.info("%s %s: %s ...", name, impl, kind)
+                result = measure(
+                    impl, events_dir, out_dirs[impl], max_rss_gib=max_rss, timeout_s=args.timeout
+                )
+                if repeat >= 0 or "error" in result:
                     runs.append(result)
-                    if "error" in result:
-                        break
-                    log.info(
-                        "%s %s: %.2f s wall, %.1f s CPU, peak RSS %.2f GiB, %d users",
-                        name, impl, result["wall_s"], result["cpu_s"], result["peak_rss_gib"],
-                        result["users_out"],
-                    )  # fmt: skip
+                if "error" in result:
+                    continue
+                log.info(
+                    "%s %s (%s): %.2f s wall, %.1f s CPU, peak RSS %.2f GiB, %d users",
+                    name, impl, kind, result["wall_s"], result["cpu_s"], result["peak_rss_gib"],
+                    result["users_out"],
+                )  # fmt: skip
+            for impl in jobs:
+                out_dir, runs = out_dirs[impl], all_runs[impl]
                 if not args.keep_data:
                     shutil.rmtree(out_dir, ignore_errors=True)
                 # a killed job leaves recsys' staging folder (.<name>.<random>) behind
@@ -742,8 +764,9 @@ def main(argv: list[str] | None = None) -> int:
     print(summarise(rows))
     print(
         f"\nwall s: the prepare call only (imports and interpreter start excluded), median of "
-        f"{args.repeats} run(s); events/s: input events / wall s; peak RSS: ru_maxrss of the "
-        "job's own process (max over runs).\n"
+        f"{args.repeats} run(s) after {args.warmup} uncounted warm-up run(s), the "
+        "implementations taking turns; events/s: input events / wall s; peak RSS: ru_maxrss "
+        "of the job's own process (max over runs).\n"
     )
     print("## Details\n")
     for row in rows:
