@@ -712,10 +712,13 @@ def main(argv: list[str] | None = None) -> int:
                     created.append(events_dir)
             out_dirs = {impl: data_dir / "out" / f"{name}-{impl}" for impl in jobs}
             all_runs: dict[str, list[dict]] = {impl: [] for impl in jobs}
-            # Warm-up runs first (not counted), then the implementations take turns, so that
-            # both meet the machine in the same state (see benchmarks/README.md)
-            schedule = [(-1 - w, impl) for w in range(args.warmup) for impl in jobs]
-            schedule += [(repeat, impl) for repeat in range(args.repeats) for impl in jobs]
+            # Each implementation: its warm-up runs (not counted), then its measured runs, so
+            # that every measured run follows a run of the same job (see benchmarks/README.md)
+            schedule = [
+                (repeat, impl)
+                for impl in jobs
+                for repeat in [-1 - w for w in range(args.warmup)] + list(range(args.repeats))
+            ]
             for repeat, impl in schedule:
                 runs = all_runs[impl]
                 if runs and "error" in runs[-1]:
@@ -764,8 +767,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summarise(rows))
     print(
         f"\nwall s: the prepare call only (imports and interpreter start excluded), median of "
-        f"{args.repeats} run(s) after {args.warmup} uncounted warm-up run(s), the "
-        "implementations taking turns; events/s: input events / wall s; peak RSS: ru_maxrss "
+        f"{args.repeats} run(s) after {args.warmup} uncounted warm-up run(s) of the same job; "
+        "events/s: input events / wall s; peak RSS: ru_maxrss "
         "of the job's own process (max over runs).\n"
     )
     print("## Details\n")

@@ -1,5 +1,5 @@
 """The prepare benchmark: its pandas reference agrees with recsys, and a tiny end-to-end run
-measures both implementations in turns after a warm-up."""
+measures each implementation after a warm-up run."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_pandas_reference_matches_recsys_on_tiny_logs(tmp_path):
 
 
 @pytest.mark.slow
-def test_benchmark_runs_warm_up_then_alternates(tmp_path, capsys, caplog):
+def test_benchmark_runs_a_warm_up_before_each_jobs_runs(tmp_path, capsys, caplog):
     caplog.set_level(logging.INFO, logger="benchmarks.prepare")
     code = prepare_benchmark.main(
         ["--sizes", "5k", "--pandas-sizes", "5k", "--repeats", "2", "--warmup", "1",
@@ -28,7 +28,7 @@ def test_benchmark_runs_warm_up_then_alternates(tmp_path, capsys, caplog):
     rows = re.findall(r"^\| 5k \| 5,000 \| (recsys|pandas) \| ([0-9.]+) \|", out, re.MULTILINE)
     assert [impl for impl, _ in rows] == ["recsys", "pandas"]
     assert all(float(wall) > 0 for _, wall in rows)
-    assert "median of 2 run(s) after 1 uncounted warm-up run(s)" in out
+    assert "median of 2 run(s) after 1 uncounted warm-up run(s) of the same job" in out
     started = [
         (m.group(1), m.group(2))
         for m in (
@@ -37,9 +37,8 @@ def test_benchmark_runs_warm_up_then_alternates(tmp_path, capsys, caplog):
         if m
     ]
     assert started == [
-        ("recsys", "warm-up"), ("pandas", "warm-up"),
-        ("recsys", "run 1/2"), ("pandas", "run 1/2"),
-        ("recsys", "run 2/2"), ("pandas", "run 2/2"),
+        ("recsys", "warm-up"), ("recsys", "run 1/2"), ("recsys", "run 2/2"),
+        ("pandas", "warm-up"), ("pandas", "run 1/2"), ("pandas", "run 2/2"),
     ]  # fmt: skip
     assert not any(tmp_path.iterdir())  # without --keep-data nothing is left behind
 
