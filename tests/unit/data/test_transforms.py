@@ -183,6 +183,27 @@ def test_in_event_order_matches_sort_events_on_a_shuffled_log():
     assert_frame_equal(transforms.in_event_order(expected), expected)
 
 
+def test_in_event_order_of_a_time_ordered_log_keeps_ties_in_input_order():
+    # recorded in time order, ties (same second) in input order, users interleaved: the
+    # stable sort by user alone must give exactly sort_events' order
+    n = 600
+    events = pl.DataFrame(
+        {
+            ROW: list(range(n)),
+            USER: [f"u{(i * 7) % 11}" for i in range(n)],
+            ITEM: list(range(n)),
+            EVENT_TYPE: ["view"] * n,
+            TIMESTAMP: [t(i // 4) for i in range(n)],
+            ATTRIBUTES: [None] * n,
+        },
+        schema=DTYPES,
+    )
+    assert_frame_equal(transforms.in_event_order(events), run(transforms.sort_events, events))
+    # one tie out of input order: no longer "time-ordered", still sorted correctly
+    swapped = events[[1, 0, *range(2, n)]]
+    assert_frame_equal(transforms.in_event_order(swapped), run(transforms.sort_events, events))
+
+
 def test_add_position_numbers_each_users_events():
     events = frame(
         [
