@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import polars as pl
@@ -165,19 +166,24 @@ def test_in_event_order_sorts_only_what_is_out_of_order(order):
     assert got[USER].flags["SORTED_ASC"]
 
 
-def test_in_event_order_matches_sort_events_on_a_shuffled_log():
-    n = 600
-    events = pl.DataFrame(
+def numbered_log(n: int, user: Callable[[int], str], second: Callable[[int], int]) -> pl.DataFrame:
+    """``n`` views in input-row order: row ``i`` is ``user(i)``'s event at second ``second(i)``."""
+    return pl.DataFrame(
         {
             ROW: list(range(n)),
-            USER: [f"u{i % 7}" for i in range(n)],
+            USER: [user(i) for i in range(n)],
             ITEM: list(range(n)),
             EVENT_TYPE: ["view"] * n,
-            TIMESTAMP: [t(i % 5) for i in range(n)],
+            TIMESTAMP: [t(second(i)) for i in range(n)],
             ATTRIBUTES: [None] * n,
         },
         schema=DTYPES,
-    ).sample(fraction=1.0, shuffle=True, seed=5)
+    )
+
+
+def test_in_event_order_matches_sort_events_on_a_shuffled_log():
+    events = numbered_log(600, lambda i: f"u{i % 7}", lambda i: i % 5)
+    events = events.sample(fraction=1.0, shuffle=True, seed=5)
     expected = run(transforms.sort_events, events)
     assert_frame_equal(transforms.in_event_order(events), expected)
     assert_frame_equal(transforms.in_event_order(expected), expected)
@@ -186,21 +192,10 @@ def test_in_event_order_matches_sort_events_on_a_shuffled_log():
 def test_in_event_order_of_a_time_ordered_log_keeps_ties_in_input_order():
     # recorded in time order, ties (same second) in input order, users interleaved: the
     # stable sort by user alone must give exactly sort_events' order
-    n = 600
-    events = pl.DataFrame(
-        {
-            ROW: list(range(n)),
-            USER: [f"u{(i * 7) % 11}" for i in range(n)],
-            ITEM: list(range(n)),
-            EVENT_TYPE: ["view"] * n,
-            TIMESTAMP: [t(i // 4) for i in range(n)],
-            ATTRIBUTES: [None] * n,
-        },
-        schema=DTYPES,
-    )
+    events = numbered_log(600, lambda i: f"u{(i * 7) % 11}", lambda i: i // 4)
     assert_frame_equal(transforms.in_event_order(events), run(transforms.sort_events, events))
     # one tie out of input order: no longer "time-ordered", still sorted correctly
-    swapped = events[[1, 0, *range(2, n)]]
+    swapped = events[[1, 0, *range(2, events.height)]]
     assert_frame_equal(transforms.in_event_order(swapped), run(transforms.sort_events, events))
 
 
