@@ -184,7 +184,7 @@ def load_events(
     if clean.height == 0:
         raise DataError(f"{name} has no rows: export a non-empty event log")
     return clean.drop(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE).with_columns(
-        attribute_sets(pl.col(ATTRIBUTES))
+        pl.col(EVENT_TYPE).cast(pl.String), attribute_sets(pl.col(ATTRIBUTES))
     )
 
 
@@ -368,8 +368,9 @@ def _prepare(
     try:
         parts.distribute(
             typed.with_columns(_row_hash(typed.collect_schema().names())).with_columns(
-                # hashed as text (stable); carried as codes: gathers 10-15x cheaper than text
-                pl.col(ATTRIBUTES, EVENT_TYPE).cast(pl.Categorical)
+                # attribute keys hashed as text (stable), event types by their Enum code (the
+                # configured behaviour order); carried as codes: gathers 10-15x cheaper than text
+                pl.col(ATTRIBUTES).cast(pl.Categorical)
             ),
             "typed",
         )

@@ -224,13 +224,19 @@ def attribute_sets(key: pl.Expr) -> pl.Expr:
     return key.cast(pl.String).str.split(ATTRIBUTE_SEPARATOR)
 
 
-def _map_behaviors(raw: pl.Expr, aliases: dict[str, str]) -> pl.Expr:
-    """Raw event name -> behaviour (null when unknown). A when/then chain over the handful of
-    names: ``replace_strict`` held ~9.6 GiB on a 100 M-row streaming pass, this ~1 GiB."""
-    mapped = pl.when(raw == next(iter(aliases))).then(pl.lit(aliases[next(iter(aliases))]))
-    for name, behavior in list(aliases.items())[1:]:
-        mapped = mapped.when(raw == name).then(pl.lit(behavior))
-    return mapped.otherwise(pl.lit(None, dtype=pl.String))
+def _map_behaviors(raw: pl.Expr, aliases: dict[str, str], behaviors: list[str]) -> pl.Expr:
+    """Raw event name -> behaviour as ``Enum(behaviors)`` (null when unknown).
+
+    One Enum cast of the accepted names (unknown ones become null), then a gather of each
+    name's behaviour by its code: no string comparisons per row, and the small-integer column
+    sorts, hashes and groups cheaply downstream (10 M events: read 0.62 -> 0.50 s against a
+    when/then chain plus a Categorical cast; ``replace_strict`` on the text held ~9.6 GiB on a
+    100 M-row streaming pass)."""
+    names = list(aliases)
+    behavior_of_name = pl.Series([aliases[n] for n in names], dtype=pl.Enum(behaviors))
+    return pl.lit(behavior_of_name).gather(
+        raw.cast(pl.Enum(names), strict=False).to_physical()
+    )
 
 
 def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
@@ -262,12 +268,12 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
         raw_type = pl.col(EVENT_TYPE).cast(pl.String)
         columns += [
             raw_type.alias(RAW_EVENT_TYPE),
-            _map_behaviors(raw_type, aliases).alias(EVENT_TYPE),
+            _map_behaviors(raw_type, aliases, list(schema.behaviors)).alias(EVENT_TYPE),
         ]
     else:
         columns += [
             pl.lit(None, dtype=pl.String).alias(RAW_EVENT_TYPE),
-            pl.lit(schema.behaviors[0]).alias(EVENT_TYPE),
+            pl.lit(schema.behaviors[0], dtype=pl.Enum(schema.behaviors)).alias(EVENT_TYPE),
         ]
     if ATTRIBUTES in types:
         side = attribute_key(
