@@ -234,9 +234,7 @@ def _map_behaviors(raw: pl.Expr, aliases: dict[str, str], behaviors: list[str]) 
     100 M-row streaming pass)."""
     names = list(aliases)
     behavior_of_name = pl.Series([aliases[n] for n in names], dtype=pl.Enum(behaviors))
-    return pl.lit(behavior_of_name).gather(
-        raw.cast(pl.Enum(names), strict=False).to_physical()
-    )
+    return pl.lit(behavior_of_name).gather(raw.cast(pl.Enum(names), strict=False).to_physical())
 
 
 def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:

@@ -75,6 +75,11 @@ class ATRank(nn.Module):
     - ``qkv_activation``: None or "relu" (ATRank); ``output_projection``: ATRank has none.
     - ``activation``: feed-forward activation, "gelu" or "relu" (ATRank).
     - ``causal``: position t attends only to positions <= t.
+    - ``key_projection``: keys are ``F_target(item ⊕ attribute bag)`` (True) or the features
+      themselves at the tables' stored scale (False; needs item_dim + attribute_dim ==
+      d_model). With ``attribute_dim=0`` too, the key table is the item embedding, as in SASRec.
+    - ``item_bias``: a learned per-item score bias (True) or none (False: a zero buffer).
+    - ``attribute_dim=0``: items only, no attribute bag in tokens or keys.
 
     ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
     rebuilds the same architecture, and it can be saved next to a ``weights_only`` checkpoint.
@@ -103,6 +108,8 @@ class ATRank(nn.Module):
         output_projection: bool = True,
         activation: str = "gelu",
         causal: bool = True,
+        key_projection: bool = True,
+        item_bias: bool = True,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -142,7 +149,9 @@ class ATRank(nn.Module):
         attribute_dim = (
             max(1, d_model // 2)
             if attribute_dim is None
-            else _check_int("attribute_dim", attribute_dim)
+            else _check_int(
+                "attribute_dim", attribute_dim, minimum=0, why="0: items only, no attribute bag"
+            )
         )
         _check_choice("positional", positional, POSITIONAL_ENCODINGS)
         _check_choice("position_origin", position_origin, POSITION_ORIGINS)
@@ -151,6 +160,15 @@ class ATRank(nn.Module):
         output_projection = _check_bool("output_projection", output_projection)
         _check_choice("activation", activation, FFN_ACTIVATIONS)
         causal = _check_bool("causal", causal)
+        key_projection = _check_bool("key_projection", key_projection)
+        item_bias = _check_bool("item_bias", item_bias)
+        if not key_projection and item_dim + attribute_dim != d_model:
+            raise ValueError(
+                f"key_projection=False uses the item features as keys, so item_dim + "
+                f"attribute_dim must equal d_model: got {item_dim} + {attribute_dim} != "
+                f"{d_model}; set e.g. item_dim={d_model} attribute_dim=0, or "
+                f"key_projection=True"
+            )
 
         # Resolved values (item_dim/attribute_dim filled in) so a checkpoint keeps its shapes even
         # if the defaults change later.
@@ -175,6 +193,8 @@ class ATRank(nn.Module):
             "output_projection": output_projection,
             "activation": activation,
             "causal": causal,
+            "key_projection": key_projection,
+            "item_bias": item_bias,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -210,9 +230,18 @@ class ATRank(nn.Module):
         # Post-norm blocks already end in a LayerNorm; a pre-norm stack needs one at the end.
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
-        # F_target: candidate items are mapped into the same space as the history.
-        self.target_projection = nn.Linear(self.embedding.feature_dim, d_model)
-        self.item_bias = nn.Parameter(torch.zeros(num_items))
+        # F_target: candidate items are mapped into the same space as the history. Without it
+        # the keys are the item features at the embedding tables' stored scale (SASRec's tied
+        # table when attribute_dim=0).
+        self.target_projection = (
+            nn.Linear(self.embedding.feature_dim, d_model)
+            if key_projection
+            else _Scale(self.embedding.feature_dim**-0.5)
+        )
+        if item_bias:
+            self.item_bias = nn.Parameter(torch.zeros(num_items))
+        else:  # a zero buffer: every score path (and export) reads it like the parameter
+            self.register_buffer("item_bias", torch.zeros(num_items))
         self.register_buffer("never_recommended", never_recommended(num_items), persistent=False)
 
         # How long after the last event the prediction is for: "continue this session" and
@@ -332,6 +361,17 @@ class ATRank(nn.Module):
         if return_attention:
             return scores, weights
         return scores
+
+
+class _Scale(nn.Module):
+    """Multiply by a constant (the keys without F_target)."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
 
 
 def _candidate_scores(

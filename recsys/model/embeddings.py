@@ -81,7 +81,9 @@ class BehaviorAwareEmbedding(nn.Module):
         )
         self.d_model = _check_int("d_model", d_model)
         item_dim = _check_int("item_dim", item_dim)
-        self.attribute_dim = _check_int("attribute_dim", attribute_dim)
+        self.attribute_dim = _check_int(
+            "attribute_dim", attribute_dim, minimum=0, why="0: items only, no attribute bag"
+        )
         self.item_attribute_width = _check_int(
             "item_attribute_width",
             item_attribute_width,
@@ -92,6 +94,8 @@ class BehaviorAwareEmbedding(nn.Module):
         self.feature_dim = item_dim + self.attribute_dim
 
         self.item_embedding = nn.Embedding(self.num_items, item_dim, padding_idx=PAD_IDX)
+        # attribute_dim 0: an (A, 0) table, so the bag is an empty vector and the state dict
+        # keeps its keys (an ablation, e.g. model.attribute_dim=0, loads like any checkpoint)
         self.attribute_embedding = nn.Embedding(
             self.num_attributes, self.attribute_dim, padding_idx=PAD_IDX
         )
@@ -100,11 +104,11 @@ class BehaviorAwareEmbedding(nn.Module):
         # the small stored values ~sqrt(dim) times faster relative to their size (measured on
         # Beauty: val NDCG@10 after 4 epochs 0.024 with N(0, 1) storage, see benchmarks/README)
         for table in (self.item_embedding, self.attribute_embedding):
-            nn.init.normal_(table.weight, std=table.embedding_dim**-0.5)
+            nn.init.normal_(table.weight, std=max(1, table.embedding_dim) ** -0.5)
             with torch.no_grad():
                 table.weight[PAD_IDX].zero_()
         self.item_scale = math.sqrt(item_dim)
-        self.attribute_scale = math.sqrt(self.attribute_dim)
+        self.attribute_scale = math.sqrt(max(1, self.attribute_dim))
         item_attributes = torch.full(
             (self.num_items, self.item_attribute_width), PAD_IDX, dtype=torch.long
         )  # (I, A)

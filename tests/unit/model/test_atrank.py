@@ -276,7 +276,9 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ({"activation": "swish"}, r"activation='swish' is not supported"),
         ({"causal": "yes"}, r"causal='yes' is invalid: pass True or False"),
         ({"num_attributes": 1}, r"num_attributes=1 is invalid: pass an integer >= 2"),
-        ({"attribute_dim": 0}, r"attribute_dim=0 is invalid"),
+        ({"attribute_dim": -1}, r"attribute_dim=-1 is invalid: pass an integer >= 0"),
+        ({"key_projection": False}, r"item_dim \+ attribute_dim must equal d_model: got 64 \+ 32"),
+        ({"item_bias": 1}, r"item_bias=1 is invalid: pass True or False"),
         ({"item_attribute_width": 0}, r"item_attribute_width=0 is invalid"),
     ],
 )
@@ -349,6 +351,37 @@ def test_attribute_sets_reach_keys_and_scores() -> None:
         table[9] = torch.tensor([3, 4, 0])
         model.set_item_attributes(table)
         assert not torch.allclose(model.item_keys()[9], keys[5])
+
+
+def test_item_side_switches_give_sasrec_style_keys() -> None:
+    """attribute_dim=0, key_projection=False, item_bias=False: the keys are the item table
+    itself (SASRec's tying), attribute sets reach nothing, and no bias is learned."""
+    model = make_model(attribute_dim=0, key_projection=False, item_bias=False)
+    assert "item_bias" not in dict(model.named_parameters())
+    assert "target_projection.weight" not in model.state_dict()
+    tokens = make_tokens([3, 6], seq_len=6)
+    candidates = torch.tensor([[2, 3], [4, 5]])
+    with torch.no_grad():
+        keys = model.item_keys()
+        assert torch.equal(keys, model.embedding.item_embedding.weight)
+        output = model(*tokens)
+        scores = model.score_items(output.query)
+        torch.testing.assert_close(scores[:, 2:], output.query @ keys[2:].T)
+        torch.testing.assert_close(
+            model.score_candidates(output.query, candidates), scores.gather(1, candidates)
+        )
+        reranked = model.rerank_scores(output, candidates)
+        model.set_item_attributes(attribute_table(3).flip(0))  # other sets: nothing changes
+        assert torch.equal(model.item_keys(), keys)
+        assert torch.equal(model(*tokens).hidden, output.hidden)
+        assert torch.equal(model.rerank_scores(output, candidates), reranked)
+    model.score_items(model(*tokens).query).logsumexp(-1).sum().backward()
+    assert model.embedding.item_embedding.weight.grad.abs().sum() > 0
+    assert model.embedding.attribute_embedding.weight.grad is None or (
+        model.embedding.attribute_embedding.weight.numel() == 0
+    )
+    rebuilt = ATRank(**model.config)
+    rebuilt.load_state_dict(model.state_dict())
 
 
 @pytest.mark.parametrize("width", [1, 4])

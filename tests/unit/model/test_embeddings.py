@@ -256,7 +256,7 @@ def test_state_dict_round_trip_with_attribute_sets() -> None:
         ("positional", "rotary", r"positional='rotary' is not supported"),
         ("dropout", -0.1, r"dropout=-0.1 is invalid"),
         ("num_attributes", 1, r"num_attributes=1 is invalid: pass an integer >= 2"),
-        ("attribute_dim", 0, r"attribute_dim=0 is invalid"),
+        ("attribute_dim", -1, r"attribute_dim=-1 is invalid: pass an integer >= 0"),
         ("item_attribute_width", 0, r"item_attribute_width=0 is invalid: pass an integer >= 1"),
         ("item_attribute_width", 2.0, r"item_attribute_width=2.0 is invalid"),
     ],
