@@ -253,22 +253,63 @@ def _published(entry: tuple[float, str] | None) -> str:
     return "—" if entry is None else f"{entry[0]:.4f} ({entry[1]})"
 
 
+def run_all(
+    datasets: list[str],
+    models: list[Model],
+    seeds: int,
+    work: Path,
+    overrides: list[str],
+    json_path: Path | None,
+) -> list[dict]:
+    """Every (dataset, model, seed) run in ``work``; ``json_path`` is rewritten after each."""
+    results = []
+    for dataset in datasets:
+        for model in models:
+            if model.name in BASELINES:
+                continue
+            for seed in range(seeds):
+                log.info("%s / %s / seed %d ...", dataset, model.name, seed)
+                result = run_one(dataset, model, seed, work, overrides)
+                log.info(
+                    "%s / %s / seed %d: test NDCG@10 %.4f HR@10 %.4f, %.1f min training",
+                    dataset,
+                    model.name,
+                    seed,
+                    result["test"]["test/ndcg_at_10"],
+                    result["test"]["test/hr_at_10"],
+                    (result["train_seconds"] or 0) / 60,
+                )
+                results.append(result)
+                if json_path:
+                    json_path.write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--models", default="sasrec_bce,sasrec_ce,atrank_faithful,atrank")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--work-dir", type=Path, default=None, help="runs go here (default: tmp)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="keep the runs (checkpoints, prepared data) here; default: a temporary folder "
+        "removed at the end",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write every result here")
     parser.add_argument("--list", action="store_true", help="print the entries and exit")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     datasets = [d for d in args.datasets.split(",") if d]
-    models = [MODELS[m] for m in args.models.split(",") if m]
     for name in datasets:
         if name not in DATASETS:
             parser.error(f"unknown dataset {name!r}: choose from {list(DATASETS)}")
+    for name in args.models.split(","):
+        if name and name not in MODELS:
+            parser.error(f"unknown model {name!r}: choose from {list(MODELS)}")
+    models = [MODELS[m] for m in args.models.split(",") if m]
     if args.list:
         for d in datasets:
             for m in models:
@@ -282,27 +323,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="recsys-quality-"))
-    results = []
-    for dataset in datasets:
-        for model in models:
-            if model.name in BASELINES:
-                continue
-            for seed in range(args.seeds):
-                log.info("%s / %s / seed %d ...", dataset, model.name, seed)
-                result = run_one(dataset, model, seed, work, args.overrides)
-                log.info(
-                    "%s / %s / seed %d: test NDCG@10 %.4f HR@10 %.4f, %.1f min training",
-                    dataset,
-                    model.name,
-                    seed,
-                    result["test"]["test/ndcg_at_10"],
-                    result["test"]["test/hr_at_10"],
-                    (result["train_seconds"] or 0) / 60,
-                )
-                results.append(result)
-                if args.json:
-                    args.json.write_text(json.dumps(results, indent=2, default=str))
+    if args.work_dir is not None:  # kept: checkpoints and prepared data for inspection
+        results = run_all(datasets, models, args.seeds, args.work_dir, args.overrides, args.json)
+    else:  # runs in a temporary folder that goes when the suite ends, finished or not
+        with tempfile.TemporaryDirectory(prefix="recsys-quality-") as work:
+            results = run_all(datasets, models, args.seeds, Path(work), args.overrides, args.json)
     print(table(results))
     return 0
 

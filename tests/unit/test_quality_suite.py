@@ -1,0 +1,103 @@
+"""The model-quality suite: its table, its argument checks, and one real run end to end."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+
+import pytest
+
+from benchmarks import quality_suite
+from tests.conftest import SHARED_DATA
+
+BEAUTY = SHARED_DATA / "amazon-s3rec" / "raw" / "Beauty.txt.gz"
+
+
+def fake_result(model: str, seed: int, ndcg: float, hr: float, reached: float | None) -> dict:
+    test = {"test/ndcg_at_10": ndcg, "test/hr_at_10": hr}
+    for baseline, value in (("popularity", 0.0056), ("transition", 0.0443)):
+        test[f"test/{baseline}_ndcg_at_10"] = value
+        test[f"test/{baseline}_hr_at_10"] = 2 * value
+    return {
+        "dataset": "beauty",
+        "model": model,
+        "seed": seed,
+        "command": f"python -m pipelines.run experiment=beauty model=sasrec seed={seed} "
+        "logger=none trainer.enable_progress_bar=false callbacks.training_clock.test_curve=true",
+        "test": test,
+        "train_seconds": 600.0 + 60 * seed,
+        "seconds_to_recbole_ndcg": reached,
+    }
+
+
+def rows(markdown: str) -> list[list[str]]:
+    return [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in markdown.splitlines()
+        if line.startswith("| beauty")
+    ]
+
+
+def test_table_shows_mean_and_spread_over_seeds_and_the_baselines_once():
+    results = [
+        fake_result("sasrec_ce", 0, 0.05, 0.08, reached=300.0),
+        fake_result("sasrec_ce", 1, 0.06, 0.10, reached=420.0),
+        fake_result("atrank", 0, 0.04, 0.07, reached=None),
+    ]
+    table = rows(quality_suite.table(results))
+    assert [row[1] for row in table] == [
+        "popularity",
+        "first-order transition (PROTOCOLS.md)",
+        "SASRec+ (full-softmax CE)",
+        "ATRank, modern preset (CE, attributes, behaviours)",
+    ]
+    popularity, _, sasrec, atrank = table
+    assert popularity[4:7] == ["0.0112", "0.0056", "0.0056 (PROTOCOLS.md, P1)"]
+    # two seeds: mean ± sample standard deviation; minutes are means over seeds
+    assert sasrec[3:6] == ["2", "0.0900 ± 0.0141", "0.0550 ± 0.0071"]
+    assert sasrec[7:9] == ["10.5", "6.0"]
+    assert sasrec[9] == "`experiment=beauty model=sasrec`"  # the suite's bookkeeping is left out
+    assert atrank[3:6] == ["1", "0.0700", "0.0400"]
+    assert atrank[8] == "not reached"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--datasets", "beuaty"], "unknown dataset 'beuaty': choose from"),
+        (["--models", "sasrec"], "unknown model 'sasrec': choose from"),
+    ],
+)
+def test_unknown_names_are_refused_with_the_choices(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        quality_suite.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_list_names_each_run_and_its_overrides(capsys):
+    assert quality_suite.main(["--list", "--datasets", "toys", "--models", "sasrec_bce"]) == 0
+    out = capsys.readouterr().out.split()
+    assert out[:3] == ["toys", "sasrec_bce", "experiment=toys"]
+    assert "training.loss=bce" in out and "training.num_negatives=1" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not BEAUTY.exists(), reason=f"{BEAUTY} is absent (real datasets live in ../shared/data)"
+)
+def test_one_real_run_end_to_end_leaves_no_temporary_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the suite's default work folder
+    report = tmp_path / "runs.json"
+    argv = ["--datasets", "beauty", "--models", "sasrec_ce", "--seeds", "1",
+            "--json", str(report), "trainer.max_epochs=1"]  # fmt: skip
+    assert quality_suite.main(argv) == 0
+    (result,) = json.loads(report.read_text())
+    assert result["epochs"] == 1 and result["train_seconds"] > 0
+    assert 0 < result["test"]["test/ndcg_at_10"] < 1
+    # the baselines' published numbers are reproduced by every run (split and metric checks)
+    assert result["test"]["test/popularity_ndcg_at_10"] == pytest.approx(0.0056, abs=0.0003)
+    assert result["test"]["test/transition_ndcg_at_10"] == pytest.approx(0.0443, abs=0.0003)
+    table = rows(capsys.readouterr().out)
+    assert [row[1] for row in table][-1] == "SASRec+ (full-softmax CE)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.json"]
