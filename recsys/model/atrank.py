@@ -65,8 +65,10 @@ class ATRank(nn.Module):
     - ``d_model``: model width D; ``num_heads`` must divide it.
     - ``ffn_multiplier``: feed-forward width = round(d_model * ffn_multiplier); ATRank uses 0.25.
     - ``item_dim`` / ``attribute_dim``: widths of the item and attribute embeddings before F_g.
-      Defaults: ``d_model`` and ``d_model // 2`` (attributes are far fewer than items, so a
-      narrower table suffices). An item's attribute vector is the mean over its attribute set.
+      Defaults: ``d_model // 2`` for attributes (far fewer than items, so a narrower table
+      suffices) and ``d_model`` for items, or what fills ``d_model`` beside the attributes
+      when ``key_projection=False`` (ATRank's reference code: D/2 each). An item's attribute
+      vector is the mean over its attribute set.
     - ``positional``: "sinusoidal", "learned" or "none" (ATRank relies on time buckets only).
     - ``position_origin``: "last" (the most recent event is always the last position) or
       "first" (the window's first event is position 0); see
@@ -145,7 +147,7 @@ class ATRank(nn.Module):
             )
         ffn_multiplier = float(ffn_multiplier)
         dropout = _check_dropout("dropout", dropout)
-        item_dim = d_model if item_dim is None else _check_int("item_dim", item_dim)
+        key_projection = _check_bool("key_projection", key_projection)
         attribute_dim = (
             max(1, d_model // 2)
             if attribute_dim is None
@@ -153,6 +155,9 @@ class ATRank(nn.Module):
                 "attribute_dim", attribute_dim, minimum=0, why="0: items only, no attribute bag"
             )
         )
+        if item_dim is None:  # without F_target the features are the keys: they fill d_model
+            item_dim = d_model if key_projection else max(1, d_model - attribute_dim)
+        item_dim = _check_int("item_dim", item_dim)
         _check_choice("positional", positional, POSITIONAL_ENCODINGS)
         _check_choice("position_origin", position_origin, POSITION_ORIGINS)
         norm_first = _check_bool("norm_first", norm_first)
@@ -160,7 +165,6 @@ class ATRank(nn.Module):
         output_projection = _check_bool("output_projection", output_projection)
         _check_choice("activation", activation, FFN_ACTIVATIONS)
         causal = _check_bool("causal", causal)
-        key_projection = _check_bool("key_projection", key_projection)
         item_bias = _check_bool("item_bias", item_bias)
         if not key_projection and item_dim + attribute_dim != d_model:
             raise ValueError(

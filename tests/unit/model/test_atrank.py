@@ -277,7 +277,10 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ({"causal": "yes"}, r"causal='yes' is invalid: pass True or False"),
         ({"num_attributes": 1}, r"num_attributes=1 is invalid: pass an integer >= 2"),
         ({"attribute_dim": -1}, r"attribute_dim=-1 is invalid: pass an integer >= 0"),
-        ({"key_projection": False}, r"item_dim \+ attribute_dim must equal d_model: got 64 \+ 32"),
+        (
+            {"key_projection": False, "item_dim": 64},
+            r"item_dim \+ attribute_dim must equal d_model: got 64 \+ 32 != 64",
+        ),
         ({"item_bias": 1}, r"item_bias=1 is invalid: pass True or False"),
         ({"item_attribute_width": 0}, r"item_attribute_width=0 is invalid"),
     ],
@@ -291,6 +294,10 @@ def test_config_resolves_defaults_to_plain_values() -> None:
     model = ATRank(**SIZES, d_model=32, num_heads=4)
     assert model.config["item_dim"] == 32
     assert model.config["attribute_dim"] == 16
+    # without F_target the item and attribute widths fill d_model (the reference: D/2 each)
+    assert ATRank(**SIZES, d_model=32, key_projection=False).config["item_dim"] == 16
+    items_only = ATRank(**SIZES, d_model=32, key_projection=False, attribute_dim=0)
+    assert (items_only.config["item_dim"], items_only.config["attribute_dim"]) == (32, 0)
     assert model.config["item_attribute_width"] == 1
     assert "num_categories" not in model.config and "category_dim" not in model.config
     allowed = (int, float, str, bool, type(None))
