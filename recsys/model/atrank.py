@@ -18,7 +18,11 @@ Faithful vs modern. The defaults are the modern encoder: pre-norm blocks, output
 predict the next event). ATRank's reference code corresponds to::
 
     ATRank(..., norm_first=False, qkv_activation="relu", output_projection=False,
-           ffn_multiplier=0.25, activation="relu", positional="none", causal=False)
+           ffn_multiplier=0.25, activation="relu", positional="none", causal=False,
+           key_projection=False)
+
+(the reference's candidate vector is the item ⊕ category embedding itself, D/2 each, and its
+logit ``item_b + u · i_emb``: no F_target).
 
 Two deliberate differences from the reference even then: the candidate attention head is one
 single-head attention layer with a linear output (the reference stacks num_layers multi-head

@@ -31,6 +31,7 @@ FAITHFUL = {
     "activation": "relu",
     "positional": "none",
     "causal": False,
+    "key_projection": False,
 }
 
 
@@ -491,6 +492,8 @@ def test_faithful_preset_config_is_the_reference_form() -> None:
     assert isinstance(block.attention.output, torch.nn.Identity)
     assert isinstance(block.attention.qkv_activation, torch.nn.ReLU)
     assert model.embedding.positional is None
+    assert model.config["item_dim"] == model.config["attribute_dim"] == 8  # D/2 each
+    assert torch.equal(model.item_keys(), model.embedding.item_features() / 4)  # no F_target
     # non-causal: the mask lets every real token see every real token, never padding
     tokens = make_tokens([3, 5], seq_len=5)
     output = model(*tokens)
