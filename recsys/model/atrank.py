@@ -9,20 +9,22 @@ Architecture::
 
     attribute bag: mean of the item's attribute embeddings (PAD entries ignored)
 
-    retrieval   score_items:   query · F_target(item ⊕ attribute bag)ᵀ + item_bias   all I items
+    item key    item_keys:     item ⊕ attribute bag (D/2 each) at the tables' scale, or
+                               F_target(item ⊕ attribute bag) with key_projection=True
+    retrieval   score_items:   query · keyᵀ (+ item_bias with item_bias=True)   all I items
     re-ranking  rerank_scores: candidate key attends over hidden ("vanilla attention"),
-                               item_bias + Linear(attended) · key               N candidates
+                               retrieval score + Linear(attended) · key         N candidates
 
 Faithful vs modern. The defaults are the modern encoder: pre-norm blocks, output projection,
 4·D GELU feed-forward, sinusoidal positions, causal attention (every position is trained to
-predict the next event). ATRank's reference code corresponds to::
+predict the next event), no item bias. ATRank's reference code corresponds to::
 
     ATRank(..., norm_first=False, qkv_activation="relu", output_projection=False,
            ffn_multiplier=0.25, activation="relu", positional="none", causal=False,
-           key_projection=False)
+           item_bias=True)
 
 (the reference's candidate vector is the item ⊕ category embedding itself, D/2 each, and its
-logit ``item_b + u · i_emb``: no F_target).
+logit ``item_b + u · i_emb``: no F_target, as in both presets here).
 
 Two deliberate differences from the reference even then: the candidate attention head is one
 single-head attention layer with a linear output (the reference stacks num_layers multi-head
@@ -82,9 +84,12 @@ class ATRank(nn.Module):
     - ``activation``: feed-forward activation, "gelu" or "relu" (ATRank).
     - ``causal``: position t attends only to positions <= t.
     - ``key_projection``: keys are ``F_target(item ⊕ attribute bag)`` (True) or the features
-      themselves at the tables' stored scale (False; needs item_dim + attribute_dim ==
-      d_model). With ``attribute_dim=0`` too, the key table is the item embedding, as in SASRec.
-    - ``item_bias``: a learned per-item score bias (True) or none (False: a zero buffer).
+      themselves at the tables' stored scale (False, the default and ATRank's reference; needs
+      item_dim + attribute_dim == d_model). With ``attribute_dim=0`` too, the key table is the
+      item embedding, as in SASRec. On Beauty F_target overfit from the 8th epoch (test
+      NDCG@10 0.0396 against 0.0493 without it; benchmarks/README.md, "Model quality").
+    - ``item_bias``: a learned per-item score bias (True, ATRank's reference) or none (False,
+      the default: a zero buffer).
     - ``attribute_dim=0``: items only, no attribute bag in tokens or keys.
 
     ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
@@ -114,8 +119,8 @@ class ATRank(nn.Module):
         output_projection: bool = True,
         activation: str = "gelu",
         causal: bool = True,
-        key_projection: bool = True,
-        item_bias: bool = True,
+        key_projection: bool = False,
+        item_bias: bool = False,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -299,7 +304,8 @@ class ATRank(nn.Module):
         return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
 
     def item_keys(self) -> torch.Tensor:
-        """The item key table ``F_target(item ⊕ attribute bag)`` for the whole catalogue.
+        """The item key table for the whole catalogue: the features ``item ⊕ attribute bag``
+        at the tables' stored scale, or ``F_target`` of them with ``key_projection``.
 
         Shapes: returns (I, D).
         """
@@ -338,7 +344,7 @@ class ATRank(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Score candidates by target attention over the history (ATRank's vanilla attention).
 
-        Each candidate's key ``k_c = F_target(item ⊕ attribute bag)`` attends over
+        Each candidate's key ``k_c`` (its row of :meth:`item_keys`) attends over
         ``output.hidden`` (single head, scaled dot product, padding positions excluded); the
         attended vector goes through a linear layer to give the candidate-specific user vector
         ``u_c``, and ``score = item_bias[c] + (query + u_c) · k_c``: the retrieval score plus a

@@ -31,7 +31,7 @@ FAITHFUL = {
     "activation": "relu",
     "positional": "none",
     "causal": False,
-    "key_projection": False,
+    "item_bias": True,
 }
 
 
@@ -293,12 +293,13 @@ def test_constructor_validation(overrides: dict, message: str) -> None:
 
 def test_config_resolves_defaults_to_plain_values() -> None:
     model = ATRank(**SIZES, d_model=32, num_heads=4)
-    assert model.config["item_dim"] == 32
-    assert model.config["attribute_dim"] == 16
-    # without F_target the item and attribute widths fill d_model (the reference: D/2 each)
-    assert ATRank(**SIZES, d_model=32, key_projection=False).config["item_dim"] == 16
-    items_only = ATRank(**SIZES, d_model=32, key_projection=False, attribute_dim=0)
+    # the features are the keys: item and attribute widths fill d_model (the reference: D/2 each)
+    assert (model.config["item_dim"], model.config["attribute_dim"]) == (16, 16)
+    assert model.config["key_projection"] is False and model.config["item_bias"] is False
+    items_only = ATRank(**SIZES, d_model=32, attribute_dim=0)
     assert (items_only.config["item_dim"], items_only.config["attribute_dim"]) == (32, 0)
+    projected = ATRank(**SIZES, d_model=32, key_projection=True)  # F_target maps 48 -> 32
+    assert (projected.config["item_dim"], projected.config["attribute_dim"]) == (32, 16)
     assert model.config["item_attribute_width"] == 1
     assert "num_categories" not in model.config and "category_dim" not in model.config
     allowed = (int, float, str, bool, type(None))
@@ -421,7 +422,12 @@ def test_model_package_imports_neither_lightning_nor_hydra() -> None:
 # --- smoke fit ------------------------------------------------------------------------------
 
 
-def test_overfits_next_item_is_item_plus_one() -> None:
+@pytest.mark.parametrize(
+    "item_side",
+    [{}, {"key_projection": True, "item_bias": True}],
+    ids=["features-as-keys", "F_target-and-bias"],
+)
+def test_overfits_next_item_is_item_plus_one(item_side: dict) -> None:
     """Proves gradients reach the embeddings, the blocks and the key table."""
     torch.manual_seed(0)
     num_items, seq_len, batch_size = 12, 6, 64
@@ -450,16 +456,19 @@ def test_overfits_next_item_is_item_plus_one() -> None:
         num_heads=2,
         num_layers=2,
         dropout=0.0,
+        **item_side,
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     watched = {
-        "item embedding": model.embedding.item_embedding.weight,
+        "item embedding": model.embedding.item_embedding.weight,  # also the keys by default
+        "attribute embedding": model.embedding.attribute_embedding.weight,
         "behaviour projection": model.embedding.behavior_weight,
         "first block": model.blocks[0].attention.qkv.weight,
         "last block": model.blocks[-1].feed_forward.net[-1].weight,
-        "key table": model.target_projection.weight,
-        "item bias": model.item_bias,
     }
+    if item_side:
+        watched["key projection"] = model.target_projection.weight
+        watched["item bias"] = model.item_bias
     for step in range(200):
         output = model(item, behavior, time_bucket, padding_mask)
         logits = model.score_items(output.hidden[padding_mask])  # (real tokens, I)
