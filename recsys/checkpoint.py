@@ -82,7 +82,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             "use a checkpoint written by the train task"
         )
     meta = checkpoint[CHECKPOINT_KEY]
-    encoder = _encoder_class(meta["encoder_target"])(**meta["encoder_config"])
+    encoder_class = _encoder_class(meta["encoder_target"])
+    # arguments added after a checkpoint was written take the value its code had
+    config = {
+        **getattr(encoder_class, "ARGUMENTS_BEFORE_THEY_EXISTED", {}),
+        **meta["encoder_config"],
+    }
+    encoder = encoder_class(**config)
     prefix = "encoder."
     state = {
         k.removeprefix(prefix): v

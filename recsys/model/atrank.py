@@ -94,7 +94,14 @@ class ATRank(nn.Module):
 
     ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
     rebuilds the same architecture, and it can be saved next to a ``weights_only`` checkpoint.
+    A config saved before an argument existed rebuilds with
+    ``{**ARGUMENTS_BEFORE_THEY_EXISTED, **config}`` (what :func:`recsys.checkpoint.load_checkpoint`
+    does).
     """
+
+    # The values the code had before these arguments existed (checkpoints of 2026-11-21 and
+    # earlier: F_target keys and an item bias).
+    ARGUMENTS_BEFORE_THEY_EXISTED = {"key_projection": True, "item_bias": True}
 
     def __init__(
         self,

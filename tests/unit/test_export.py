@@ -37,6 +37,7 @@ FAITHFUL = {
     "activation": "relu",
     "positional": "none",
     "causal": False,
+    "item_bias": True,
 }
 ENCODERS = ("atrank", "atrank_faithful", "atrank_learned", "sasrec")
 # (lengths of the rows, T): neither is the tracing example's (B=2, T=4)
@@ -210,8 +211,7 @@ def test_refuses_non_empty_folder_unless_overwrite(tmp_path):
         export_model(encoder, a_file, overwrite=True)
 
 
-def test_loaded_checkpoint_exports_with_its_vocabulary(tmp_path):
-    encoder = make_encoder("atrank")
+def write_checkpoint(encoder: torch.nn.Module, config: dict, path: Path) -> Path:
     vocab = Vocab.from_plain(
         {
             "item_id": [f"item{i}" for i in range(2, SIZES["num_items"])],
@@ -221,7 +221,6 @@ def test_loaded_checkpoint_exports_with_its_vocabulary(tmp_path):
             "behaviors": ["view", "buy"],
         }
     )
-    path = tmp_path / "model.ckpt"
     extra = checkpoint_extra(
         vocab=vocab,
         schema=EventSchema(),
@@ -229,9 +228,32 @@ def test_loaded_checkpoint_exports_with_its_vocabulary(tmp_path):
         max_seq_len=SIZES["max_seq_len"],
         data_fingerprint="test",
     )
-    meta = {"encoder_target": "recsys.model.atrank.ATRank", "encoder_config": encoder.config}
+    meta = {"encoder_target": "recsys.model.atrank.ATRank", "encoder_config": config}
     state = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
     torch.save({"recsys": {**meta, **extra}, "state_dict": state}, path)
+    return path
+
+
+def test_checkpoint_written_before_the_item_side_switches_loads_as_it_was(tmp_path):
+    """Configs saved before ``key_projection`` / ``item_bias`` existed had F_target keys and an
+    item bias; they rebuild that model, not today's defaults."""
+    torch.manual_seed(0)
+    old = ATRank(**SIZES, d_model=16, num_heads=2, key_projection=True, item_bias=True)
+    with torch.no_grad():
+        old.item_bias.normal_()
+    config = {k: v for k, v in old.config.items() if k not in ("key_projection", "item_bias")}
+    loaded = load_checkpoint(write_checkpoint(old, config, tmp_path / "old.ckpt")).encoder
+    assert loaded.config["key_projection"] is True and loaded.config["item_bias"] is True
+    old.eval()
+    batch = make_batch([4, 8], 8, seed=3)
+    with torch.no_grad():
+        expected = python_scores(old, *batch.model_inputs())
+        assert_same_scores(python_scores(loaded, *batch.model_inputs()), expected)
+
+
+def test_loaded_checkpoint_exports_with_its_vocabulary(tmp_path):
+    encoder = make_encoder("atrank")
+    path = write_checkpoint(encoder, encoder.config, tmp_path / "model.ckpt")
     loaded = load_checkpoint(path)
 
     files = export_model(loaded, tmp_path / "export")
