@@ -98,20 +98,25 @@ class Vocab:
             .collect(engine="streaming")  # faster here even on frames in memory
             .with_columns(pl.col(_KEY).cast(pl.String))
         )
-        # each item's most frequent attribute set in training; ties -> smallest key
-        chosen = (
-            pairs.lazy()
-            .drop_nulls(_KEY)
-            .sort(["_n", _KEY], descending=[True, False])
-            .unique(ITEM, keep="first")
-            .select(ITEM, _KEY)
-        )
-        counts = (
-            pairs.lazy()
-            .group_by(ITEM)
-            .agg(pl.col("_n").sum().alias(TRAIN_COUNT))
-            .join(chosen, on=ITEM, how="left")
-        )
+        if pairs[ITEM].n_unique() == pairs.height:
+            # one attribute set per item (e.g. one category each): nothing to choose (the
+            # choice below sorts every pair by text: 0.02-0.05 s of a 1 M-event preparation)
+            counts = pairs.lazy().select(ITEM, pl.col("_n").alias(TRAIN_COUNT), _KEY)
+        else:
+            # each item's most frequent attribute set in training; ties -> smallest key
+            chosen = (
+                pairs.lazy()
+                .drop_nulls(_KEY)
+                .sort(["_n", _KEY], descending=[True, False])
+                .unique(ITEM, keep="first")
+                .select(ITEM, _KEY)
+            )
+            counts = (
+                pairs.lazy()
+                .group_by(ITEM)
+                .agg(pl.col("_n").sum().alias(TRAIN_COUNT))
+                .join(chosen, on=ITEM, how="left")
+            )
         counts = counts.filter(pl.col(TRAIN_COUNT) >= min_item_count)
         if item_table is not None:
             listed = (

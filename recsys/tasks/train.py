@@ -140,7 +140,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
             alias=(cfg.logger or {}).get("model_alias"),
         )
         best_score = checkpoint_cb.best_model_score
-        best_val = {} if best_score is None else {"best/val_ndcg_at_10": float(best_score)}
+        # named after what selected it: best/val_ndcg_at_10 by default, best/val_mrr, ...
+        best_name = "best/" + str(checkpoint_cb.monitor).replace("/", "_")
+        best_val = {} if best_score is None else {best_name: float(best_score)}
         tracker.log_metrics(best_val)
         log.info("best checkpoint %s (%s)", best, best_val)
     clock = next((c for c in callbacks if isinstance(c, TrainingClock)), None)
