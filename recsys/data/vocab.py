@@ -100,7 +100,7 @@ class Vocab:
         )
         if pairs[ITEM].n_unique() == pairs.height:
             # one attribute set per item (e.g. one category each): nothing to choose (the
-            # choice below sorts every pair by text: 0.02-0.05 s of a 1 M-event preparation)
+            # choice below sorts every pair by its text key: ~3x this step's time at 1 M events)
             counts = pairs.lazy().select(ITEM, pl.col("_n").alias(TRAIN_COUNT), _KEY)
         else:
             # each item's most frequent attribute set in training; ties -> smallest key
