@@ -91,6 +91,9 @@ class ATRank(nn.Module):
     - ``item_bias``: a learned per-item score bias (True, ATRank's reference) or none (False,
       the default: a zero buffer).
     - ``attribute_dim=0``: items only, no attribute bag in tokens or keys.
+    - ``behavior_projection``: tokens are ``F_g(item ⊕ attribute bag)`` with one affine map
+      per behaviour (True, ATRank) or the features plus a learned behaviour vector (False;
+      needs item_dim + attribute_dim == d_model).
 
     ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
     rebuilds the same architecture, and it can be saved next to a ``weights_only`` checkpoint.
@@ -101,7 +104,11 @@ class ATRank(nn.Module):
 
     # The values the code had before these arguments existed (checkpoints of 2026-11-21 and
     # earlier: F_target keys and an item bias).
-    ARGUMENTS_BEFORE_THEY_EXISTED = {"key_projection": True, "item_bias": True}
+    ARGUMENTS_BEFORE_THEY_EXISTED = {
+        "key_projection": True,
+        "item_bias": True,
+        "behavior_projection": True,
+    }
 
     def __init__(
         self,
@@ -128,6 +135,7 @@ class ATRank(nn.Module):
         causal: bool = True,
         key_projection: bool = False,
         item_bias: bool = False,
+        behavior_projection: bool = True,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -182,6 +190,7 @@ class ATRank(nn.Module):
         _check_choice("activation", activation, FFN_ACTIVATIONS)
         causal = _check_bool("causal", causal)
         item_bias = _check_bool("item_bias", item_bias)
+        behavior_projection = _check_bool("behavior_projection", behavior_projection)
         if not key_projection and item_dim + attribute_dim != d_model:
             raise ValueError(
                 f"key_projection=False uses the item features as keys, so item_dim + "
@@ -215,6 +224,7 @@ class ATRank(nn.Module):
             "causal": causal,
             "key_projection": key_projection,
             "item_bias": item_bias,
+            "behavior_projection": behavior_projection,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -233,6 +243,7 @@ class ATRank(nn.Module):
             position_origin=position_origin,
             max_seq_len=max_seq_len,
             dropout=dropout,
+            behavior_projection=behavior_projection,
         )
         self.blocks = nn.ModuleList(
             TransformerBlock(

@@ -19,6 +19,7 @@ from torch import nn
 from recsys.model.layers import (
     LearnedPositionalEncoding,
     SinusoidalPositionalEncoding,
+    _check_bool,
     _check_choice,
     _check_dropout,
     _check_int,
@@ -30,6 +31,11 @@ POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
 
 class BehaviorAwareEmbedding(nn.Module):
     """Token embedding: ``F_behaviour(item ⊕ attribute_bag[item]) + time_bucket + position``.
+
+    ``behavior_projection=False`` replaces ATRank's per-behaviour affine map F_g by the features
+    themselves plus a learned behaviour vector (``item ⊕ attribute_bag + b_behaviour``, the
+    type-embedding form of BERT-style multi-behaviour models); the features must then be
+    ``d_model`` wide.
 
     Attributes are not an input: each item's attribute set is looked up in the
     ``item_attributes`` buffer (filled by :meth:`set_item_attributes`, saved in the state dict),
@@ -66,6 +72,7 @@ class BehaviorAwareEmbedding(nn.Module):
         position_origin: str = "last",
         max_seq_len: int,
         dropout: float,
+        behavior_projection: bool = True,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -92,6 +99,14 @@ class BehaviorAwareEmbedding(nn.Module):
         _check_choice("positional", positional, POSITIONAL_ENCODINGS)
         max_seq_len = _check_int("max_seq_len", max_seq_len)
         self.feature_dim = item_dim + self.attribute_dim
+        self.behavior_projection = _check_bool("behavior_projection", behavior_projection)
+        if not self.behavior_projection and self.feature_dim != self.d_model:
+            raise ValueError(
+                f"behavior_projection=False adds a behaviour vector to the item features "
+                f"themselves, so item_dim + attribute_dim must equal d_model: got {item_dim} + "
+                f"{self.attribute_dim} != {self.d_model}; set item_dim and attribute_dim to fill "
+                f"d_model, or behavior_projection=True"
+            )
 
         self.item_embedding = nn.Embedding(self.num_items, item_dim, padding_idx=PAD_IDX)
         # attribute_dim 0: an (A, 0) table, so the bag is an empty vector and the state dict
@@ -117,13 +132,16 @@ class BehaviorAwareEmbedding(nn.Module):
         self.register_buffer("item_attributes", item_attributes)
 
         # F_g: one (feature_dim -> D) affine map per behaviour, stored as stacked tensors so a
-        # batch is projected without a Python loop over behaviours or tokens.
-        self.behavior_weight = nn.Parameter(
-            torch.empty(self.num_behaviors, self.feature_dim, self.d_model)
-        )
-        self.behavior_bias = nn.Parameter(torch.empty(self.num_behaviors, self.d_model))
+        # batch is projected without a Python loop over behaviours or tokens. Without it only
+        # the bias is kept: a behaviour vector added to the features.
         bound = 1.0 / math.sqrt(self.feature_dim)  # nn.Linear's default init, per behaviour
-        nn.init.uniform_(self.behavior_weight, -bound, bound)
+        self.behavior_weight: nn.Parameter | None = None
+        if self.behavior_projection:
+            self.behavior_weight = nn.Parameter(
+                torch.empty(self.num_behaviors, self.feature_dim, self.d_model)
+            )
+            nn.init.uniform_(self.behavior_weight, -bound, bound)
+        self.behavior_bias = nn.Parameter(torch.empty(self.num_behaviors, self.d_model))
         nn.init.uniform_(self.behavior_bias, -bound, bound)
 
         self.time_embedding = nn.Embedding(num_time_buckets, self.d_model, padding_idx=PAD_IDX)
@@ -240,14 +258,14 @@ class BehaviorAwareEmbedding(nn.Module):
             padding_mask: (B, T) bool, True = real token.
             returns: (B, T, D), zero rows at padding positions.
         """
-        features = self.item_features(item)  # (B, T, F)
-        # Projecting with every behaviour's F_g and keeping the token's own costs G times one
-        # projection, which is cheap for the handful of behaviours a funnel has and, unlike
-        # indexing the weight per token, never materialises a (B, T, F, D) tensor.
-        every_projection = torch.einsum("btf,gfd->btgd", features, self.behavior_weight)
-        own = behavior[..., None, None]  # (B, T, 1, 1): index into the G axis
-        x = torch.take_along_dim(every_projection, own, dim=2)  # (B, T, 1, D)
-        x = x.squeeze(2)  # (B, T, D)
+        x = self.item_features(item)  # (B, T, F)
+        if self.behavior_weight is not None:
+            # Projecting with every behaviour's F_g and keeping the token's own costs G times
+            # one projection, which is cheap for the handful of behaviours a funnel has and,
+            # unlike indexing the weight per token, never materialises a (B, T, F, D) tensor.
+            every_projection = torch.einsum("btf,gfd->btgd", x, self.behavior_weight)
+            own = behavior[..., None, None]  # (B, T, 1, 1): index into the G axis
+            x = torch.take_along_dim(every_projection, own, dim=2).squeeze(2)  # (B, T, D)
         x = x + self.behavior_bias[behavior] + self.time_embedding(time_bucket)
         if self.positional is not None:
             x = x + self.positional(padding_mask)  # (T, D) or (B, T, D)

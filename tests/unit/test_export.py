@@ -39,7 +39,7 @@ FAITHFUL = {
     "causal": False,
     "item_bias": True,
 }
-ENCODERS = ("atrank", "atrank_faithful", "atrank_learned", "sasrec")
+ENCODERS = ("atrank", "atrank_faithful", "atrank_learned", "atrank_behavior_vector", "sasrec")
 # (lengths of the rows, T): neither is the tracing example's (B=2, T=4)
 SHAPES = [([3, 5, 1], 5), ([8, 2, 7, 8, 1, 4], 8), ([1], 1)]
 
@@ -70,6 +70,7 @@ def make_encoder(kind: str) -> torch.nn.Module:
             "atrank": {},
             "atrank_faithful": FAITHFUL,
             "atrank_learned": {"positional": "learned"},
+            "atrank_behavior_vector": {"behavior_projection": False},
         }[kind]
         encoder = ATRank(
             **SIZES, item_attribute_width=3, d_model=16, num_heads=2, dropout=0.1, **extra
@@ -235,15 +236,17 @@ def write_checkpoint(encoder: torch.nn.Module, config: dict, path: Path) -> Path
 
 
 def test_checkpoint_written_before_the_item_side_switches_loads_as_it_was(tmp_path):
-    """Configs saved before ``key_projection`` / ``item_bias`` existed had F_target keys and an
-    item bias; they rebuild that model, not today's defaults."""
+    """Configs saved before ``key_projection`` / ``item_bias`` / ``behavior_projection``
+    existed had F_target keys, an item bias and F_g; they rebuild that model, not today's
+    defaults."""
     torch.manual_seed(0)
     old = ATRank(**SIZES, d_model=16, num_heads=2, key_projection=True, item_bias=True)
     with torch.no_grad():
         old.item_bias.normal_()
-    config = {k: v for k, v in old.config.items() if k not in ("key_projection", "item_bias")}
+    switches = ("key_projection", "item_bias", "behavior_projection")
+    config = {k: v for k, v in old.config.items() if k not in switches}
     loaded = load_checkpoint(write_checkpoint(old, config, tmp_path / "old.ckpt")).encoder
-    assert loaded.config["key_projection"] is True and loaded.config["item_bias"] is True
+    assert all(loaded.config[k] is True for k in switches)
     old.eval()
     batch = make_batch([4, 8], 8, seed=3)
     with torch.no_grad():

@@ -283,6 +283,10 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
             r"item_dim \+ attribute_dim must equal d_model: got 64 \+ 32 != 64",
         ),
         ({"item_bias": 1}, r"item_bias=1 is invalid: pass True or False"),
+        (
+            {"behavior_projection": False, "key_projection": True},
+            r"behavior_projection=False .* got 64 \+ 32 != 64",
+        ),
         ({"item_attribute_width": 0}, r"item_attribute_width=0 is invalid"),
     ],
 )
@@ -424,8 +428,8 @@ def test_model_package_imports_neither_lightning_nor_hydra() -> None:
 
 @pytest.mark.parametrize(
     "item_side",
-    [{}, {"key_projection": True, "item_bias": True}],
-    ids=["features-as-keys", "F_target-and-bias"],
+    [{}, {"key_projection": True, "item_bias": True}, {"behavior_projection": False}],
+    ids=["features-as-keys", "F_target-and-bias", "behaviour-vector"],
 )
 def test_overfits_next_item_is_item_plus_one(item_side: dict) -> None:
     """Proves gradients reach the embeddings, the blocks and the key table."""
@@ -463,10 +467,13 @@ def test_overfits_next_item_is_item_plus_one(item_side: dict) -> None:
         "item embedding": model.embedding.item_embedding.weight,  # also the keys by default
         "attribute embedding": model.embedding.attribute_embedding.weight,
         "behaviour projection": model.embedding.behavior_weight,
+        "behaviour bias": model.embedding.behavior_bias,
         "first block": model.blocks[0].attention.qkv.weight,
         "last block": model.blocks[-1].feed_forward.net[-1].weight,
     }
-    if item_side:
+    if not model.config["behavior_projection"]:
+        del watched["behaviour projection"]
+    if model.config["key_projection"]:
         watched["key projection"] = model.target_projection.weight
         watched["item bias"] = model.item_bias
     for step in range(200):

@@ -81,6 +81,47 @@ def test_projection_is_the_token_own_behavior_map() -> None:
         torch.testing.assert_close(out[0, t], expected)
 
 
+def test_without_projection_the_token_is_its_features_plus_a_behavior_vector() -> None:
+    torch.manual_seed(0)
+    embedding = BehaviorAwareEmbedding(
+        num_items=NUM_ITEMS,
+        num_attributes=NUM_ATTRIBUTES,
+        num_behaviors=4,
+        num_time_buckets=5,
+        d_model=8,
+        item_dim=5,
+        attribute_dim=3,
+        positional="none",
+        max_seq_len=6,
+        dropout=0.0,
+        behavior_projection=False,
+    ).eval()
+    assert embedding.behavior_weight is None
+    assert not any("behavior_weight" in name for name, _ in embedding.named_parameters())
+    item = torch.tensor([[3, 4, 4]])
+    behavior = torch.tensor([[1, 2, 3]])
+    out = embedding(item, behavior, torch.zeros(1, 3, dtype=torch.long), item != PAD_IDX)
+    features = embedding.item_features(item)  # (1, 3, 8)
+    torch.testing.assert_close(out, features + embedding.behavior_bias[behavior])
+    assert not torch.allclose(out[0, 1], out[0, 2])  # same item, two behaviours
+
+
+def test_without_projection_the_features_must_fill_d_model() -> None:
+    with pytest.raises(ValueError, match=r"behavior_projection=False .* 6 \+ 3 != 8"):
+        BehaviorAwareEmbedding(
+            num_items=NUM_ITEMS,
+            num_attributes=NUM_ATTRIBUTES,
+            num_behaviors=4,
+            num_time_buckets=5,
+            d_model=8,
+            item_dim=6,
+            attribute_dim=3,
+            max_seq_len=6,
+            dropout=0.0,
+            behavior_projection=False,
+        )
+
+
 def test_default_table_is_unk_for_real_items_and_pad_for_the_pad_item() -> None:
     embedding = make_embedding(width=3)
     table = embedding.item_attributes
