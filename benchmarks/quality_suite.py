@@ -3,6 +3,9 @@
     python -m benchmarks.quality_suite                       # every entry, 3 seeds
     python -m benchmarks.quality_suite --datasets beauty --models sasrec_ce,atrank --seeds 1
     python -m benchmarks.quality_suite --list                # entries and their overrides
+    python -m benchmarks.quality_suite --datasets beauty --models atrank --seeds 2 --first-seed 1 \
+        --json more.json                                     # add seeds 1 and 2 ...
+    python -m benchmarks.quality_suite --table-from seed0.json more.json   # ... one table
 
 Each run composes ``conf/config.yaml`` with ``experiment=<dataset>`` (data, protocol) and the
 entry's overrides (model, loss), trains with early stopping on validation NDCG@10, and
@@ -259,7 +262,7 @@ def _published(entry: tuple[float, str] | None) -> str:
 def run_all(
     datasets: list[str],
     models: list[Model],
-    seeds: int,
+    seeds: range,
     work: Path,
     overrides: list[str],
     json_path: Path | None,
@@ -270,7 +273,7 @@ def run_all(
         for model in models:
             if model.name in BASELINES:
                 continue
-            for seed in range(seeds):
+            for seed in seeds:
                 log.info("%s / %s / seed %d ...", dataset, model.name, seed)
                 result = run_one(dataset, model, seed, work, overrides)
                 log.info(
@@ -292,7 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--models", default="sasrec_bce,sasrec_ce,atrank_faithful,atrank")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3, help="runs per entry")
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seeds are first-seed .. first-seed + seeds - 1 (add seeds to earlier runs)",
+    )
     parser.add_argument(
         "--work-dir",
         type=Path,
@@ -302,9 +311,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write every result here")
     parser.add_argument("--list", action="store_true", help="print the entries and exit")
+    parser.add_argument(
+        "--table-from",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="print the table of results saved with --json (several files: their runs "
+        "together, e.g. seeds run by separate invocations) and exit; trains nothing",
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.table_from:
+        print(table(_saved_results(args.table_from, parser)))
+        return 0
+    if args.seeds < 1 or args.first_seed < 0:
+        parser.error(
+            f"--seeds {args.seeds} --first-seed {args.first_seed}: pass at least one seed and "
+            "a first seed >= 0"
+        )
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     datasets = [d for d in args.datasets.split(",") if d]
     for name in datasets:
         if name not in DATASETS:
@@ -327,12 +353,37 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.work_dir is not None:  # kept: checkpoints and prepared data for inspection
-        results = run_all(datasets, models, args.seeds, args.work_dir, args.overrides, args.json)
+        results = run_all(datasets, models, seeds, args.work_dir, args.overrides, args.json)
     else:  # runs in a temporary folder that goes when the suite ends, finished or not
         with tempfile.TemporaryDirectory(prefix="recsys-quality-") as work:
-            results = run_all(datasets, models, args.seeds, Path(work), args.overrides, args.json)
+            results = run_all(datasets, models, seeds, Path(work), args.overrides, args.json)
     print(table(results))
     return 0
+
+
+def _saved_results(paths: list[Path], parser: argparse.ArgumentParser) -> list[dict]:
+    """The runs of ``--json`` files, in file order; the same (dataset, model, seed) twice is an
+    error (a table would count one seed twice)."""
+    results, seen = [], {}
+    for path in paths:
+        try:
+            runs = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            parser.error(f"--table-from {path}: {err}; pass a file written by --json")
+        if not isinstance(runs, list) or not all(
+            isinstance(r, dict) and {"dataset", "model", "seed", "test"} <= r.keys() for r in runs
+        ):
+            parser.error(f"--table-from {path}: not a list of runs; pass a file written by --json")
+        for run in runs:
+            key = (run["dataset"], run["model"], run["seed"])
+            if key in seen:
+                parser.error(
+                    f"--table-from: {key[0]} / {key[1]} / seed {key[2]} is in both {seen[key]} "
+                    f"and {path}; pass each run once"
+                )
+            seen[key] = path
+            results.append(run)
+    return results
 
 
 if __name__ == "__main__":

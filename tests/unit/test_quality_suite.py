@@ -61,6 +61,52 @@ def test_table_shows_mean_and_spread_over_seeds_and_the_baselines_once():
     assert atrank[8] == "not reached"
 
 
+def test_table_from_saved_runs_merges_the_files(tmp_path, capsys):
+    first, second = tmp_path / "seed0.json", tmp_path / "seeds12.json"
+    first.write_text(json.dumps([fake_result("sasrec_ce", 0, 0.05, 0.08, reached=300.0)]))
+    second.write_text(
+        json.dumps([fake_result("sasrec_ce", s, 0.06, 0.10, reached=420.0) for s in (1, 2)])
+    )
+    assert quality_suite.main(["--table-from", str(first), str(second)]) == 0
+    (*_, sasrec) = rows(capsys.readouterr().out)
+    assert sasrec[3:6] == ["3", "0.0933 ± 0.0115", "0.0567 ± 0.0058"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "pass a file written by --json"),
+        ('{"dataset": "beauty"}', "not a list of runs"),
+        (None, "beauty / sasrec_ce / seed 0 is in both"),
+    ],
+)
+def test_table_from_refuses_what_it_cannot_count(content, message, tmp_path, capsys):
+    path = tmp_path / "runs.json"
+    run = json.dumps([fake_result("sasrec_ce", 0, 0.05, 0.08, reached=None)])
+    path.write_text(run if content is None else content)
+    with pytest.raises(SystemExit) as exit_info:
+        quality_suite.main(["--table-from", str(path), str(path)])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_first_seed_shifts_the_seeds_of_every_entry(monkeypatch, tmp_path, capsys):
+    calls = []
+
+    def fake_run_one(dataset, model, seed, work, extra):
+        calls.append((dataset, model.name, seed))
+        return fake_result(model.name, seed, 0.05, 0.08, reached=None)
+
+    monkeypatch.setattr(quality_suite, "run_one", fake_run_one)
+    monkeypatch.setenv("RECSYS_SHARED_DATA", str(tmp_path))  # exists: the suite may start
+    argv = ["--datasets", "beauty", "--models", "sasrec_ce", "--seeds", "2", "--first-seed", "1"]
+    assert quality_suite.main(argv) == 0
+    assert calls == [("beauty", "sasrec_ce", 1), ("beauty", "sasrec_ce", 2)]
+    with pytest.raises(SystemExit):
+        quality_suite.main([*argv[:4], "--seeds", "0"])
+    assert "pass at least one seed" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
