@@ -11,21 +11,24 @@ from recsys.schema import PAD_IDX, UNK_IDX
 NUM_ITEMS, NUM_ATTRIBUTES = 10, 6
 
 
-def make_embedding(positional: str = "sinusoidal", width: int = 1) -> BehaviorAwareEmbedding:
+def make_embedding(
+    positional: str = "sinusoidal", width: int = 1, **overrides
+) -> BehaviorAwareEmbedding:
     torch.manual_seed(0)
-    return BehaviorAwareEmbedding(
-        num_items=NUM_ITEMS,
-        num_attributes=NUM_ATTRIBUTES,
-        num_behaviors=4,
-        num_time_buckets=5,
-        d_model=8,
-        item_dim=6,
-        attribute_dim=3,
-        item_attribute_width=width,
-        positional=positional,
-        max_seq_len=6,
-        dropout=0.0,
-    ).eval()
+    arguments = {
+        "num_items": NUM_ITEMS,
+        "num_attributes": NUM_ATTRIBUTES,
+        "num_behaviors": 4,
+        "num_time_buckets": 5,
+        "d_model": 8,
+        "item_dim": 6,
+        "attribute_dim": 3,
+        "item_attribute_width": width,
+        "positional": positional,
+        "max_seq_len": 6,
+        "dropout": 0.0,
+    }
+    return BehaviorAwareEmbedding(**{**arguments, **overrides}).eval()
 
 
 # Item -> attribute set, width 3, PAD-padded: item 2 has {2, 3}, item 3 none, item 9 {5}, ...
@@ -82,20 +85,7 @@ def test_projection_is_the_token_own_behavior_map() -> None:
 
 
 def test_without_projection_the_token_is_its_features_plus_a_behavior_vector() -> None:
-    torch.manual_seed(0)
-    embedding = BehaviorAwareEmbedding(
-        num_items=NUM_ITEMS,
-        num_attributes=NUM_ATTRIBUTES,
-        num_behaviors=4,
-        num_time_buckets=5,
-        d_model=8,
-        item_dim=5,
-        attribute_dim=3,
-        positional="none",
-        max_seq_len=6,
-        dropout=0.0,
-        behavior_projection=False,
-    ).eval()
+    embedding = make_embedding(positional="none", item_dim=5, behavior_projection=False)
     assert embedding.behavior_weight is None
     assert not any("behavior_weight" in name for name, _ in embedding.named_parameters())
     item = torch.tensor([[3, 4, 4]])
@@ -104,22 +94,6 @@ def test_without_projection_the_token_is_its_features_plus_a_behavior_vector() -
     features = embedding.item_features(item)  # (1, 3, 8)
     torch.testing.assert_close(out, features + embedding.behavior_bias[behavior])
     assert not torch.allclose(out[0, 1], out[0, 2])  # same item, two behaviours
-
-
-def test_without_projection_the_features_must_fill_d_model() -> None:
-    with pytest.raises(ValueError, match=r"behavior_projection=False .* 6 \+ 3 != 8"):
-        BehaviorAwareEmbedding(
-            num_items=NUM_ITEMS,
-            num_attributes=NUM_ATTRIBUTES,
-            num_behaviors=4,
-            num_time_buckets=5,
-            d_model=8,
-            item_dim=6,
-            attribute_dim=3,
-            max_seq_len=6,
-            dropout=0.0,
-            behavior_projection=False,
-        )
 
 
 def test_default_table_is_unk_for_real_items_and_pad_for_the_pad_item() -> None:
@@ -300,22 +274,11 @@ def test_state_dict_round_trip_with_attribute_sets() -> None:
         ("attribute_dim", -1, r"attribute_dim=-1 is invalid: pass an integer >= 0"),
         ("item_attribute_width", 0, r"item_attribute_width=0 is invalid: pass an integer >= 1"),
         ("item_attribute_width", 2.0, r"item_attribute_width=2.0 is invalid"),
+        ("behavior_projection", 1, r"behavior_projection=1 is invalid: pass True or False"),
+        # without F_g the features (6 + 3 wide) are the token: they must fill d_model=8
+        ("behavior_projection", False, r"behavior_projection=False .* 6 \+ 3 != 8"),
     ],
 )
 def test_constructor_validation(name: str, value: object, message: str) -> None:
-    kwargs = {
-        "num_items": NUM_ITEMS,
-        "num_attributes": NUM_ATTRIBUTES,
-        "num_behaviors": 4,
-        "num_time_buckets": 5,
-        "d_model": 8,
-        "item_dim": 6,
-        "attribute_dim": 3,
-        "item_attribute_width": 1,
-        "positional": "none",
-        "max_seq_len": 6,
-        "dropout": 0.0,
-    }
-    kwargs[name] = value
     with pytest.raises(ValueError, match=message):
-        BehaviorAwareEmbedding(**kwargs)
+        make_embedding(**{"positional": "none", name: value})
