@@ -3,7 +3,8 @@
 Architecture::
 
     (item, behaviour, time bucket)      left-padded, most recent event at T-1
-      │  BehaviorAwareEmbedding          F_behaviour(item ⊕ attribute bag) + time + position
+      │  BehaviorAwareEmbedding          item ⊕ attribute bag + behaviour + time + position
+      │                                  (ATRank: F_behaviour(item ⊕ attribute bag) + ...)
       │  num_layers × TransformerBlock   self-attention over the history, padding masked
       ▼  (final LayerNorm when pre-norm) hidden (B, T, D); query = hidden[:, -1]
 
@@ -17,11 +18,13 @@ Architecture::
 
 Faithful vs modern. The defaults are the modern encoder: pre-norm blocks, output projection,
 4·D GELU feed-forward, sinusoidal positions, causal attention (every position is trained to
-predict the next event), no item bias. ATRank's reference code corresponds to::
+predict the next event), no item bias, and tokens that are the item features plus a learned
+behaviour vector (the same features as the keys) rather than a per-behaviour projection F_g.
+ATRank's reference code corresponds to::
 
     ATRank(..., norm_first=False, qkv_activation="relu", output_projection=False,
            ffn_multiplier=0.25, activation="relu", positional="none", causal=False,
-           item_bias=True)
+           item_bias=True, behavior_projection=True)
 
 (the reference's candidate vector is the item ⊕ category embedding itself, D/2 each, and its
 logit ``item_b + u · i_emb``: no F_target, as in both presets here).
@@ -70,11 +73,12 @@ class ATRank(nn.Module):
     - ``max_seq_len``: longest history window the model accepts (positional tables are this long).
     - ``d_model``: model width D; ``num_heads`` must divide it.
     - ``ffn_multiplier``: feed-forward width = round(d_model * ffn_multiplier); ATRank uses 0.25.
-    - ``item_dim`` / ``attribute_dim``: widths of the item and attribute embeddings before F_g.
+    - ``item_dim`` / ``attribute_dim``: widths of the item and attribute embeddings.
       Defaults: ``d_model // 2`` for attributes (far fewer than items, so a narrower table
-      suffices) and ``d_model`` for items, or what fills ``d_model`` beside the attributes
-      when ``key_projection=False`` (ATRank's reference code: D/2 each). An item's attribute
-      vector is the mean over its attribute set.
+      suffices) and, for items, what fills ``d_model`` beside the attributes (ATRank's
+      reference code: D/2 each); ``d_model`` when both projections (``key_projection`` and
+      ``behavior_projection``) map the features. An item's attribute vector is the mean over
+      its attribute set.
     - ``positional``: "sinusoidal", "learned" or "none" (ATRank relies on time buckets only).
     - ``position_origin``: "last" (the most recent event is always the last position) or
       "first" (the window's first event is position 0); see
@@ -92,8 +96,9 @@ class ATRank(nn.Module):
       the default: a zero buffer).
     - ``attribute_dim=0``: items only, no attribute bag in tokens or keys.
     - ``behavior_projection``: tokens are ``F_g(item ⊕ attribute bag)`` with one affine map
-      per behaviour (True, ATRank) or the features plus a learned behaviour vector (False;
-      needs item_dim + attribute_dim == d_model).
+      per behaviour (True, ATRank) or the features plus a learned behaviour vector (False, the
+      default; needs item_dim + attribute_dim == d_model). On Beauty the features themselves
+      scored higher (benchmarks/README.md, "Model quality").
 
     ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
     rebuilds the same architecture, and it can be saved next to a ``weights_only`` checkpoint.
@@ -135,7 +140,7 @@ class ATRank(nn.Module):
         causal: bool = True,
         key_projection: bool = False,
         item_bias: bool = False,
-        behavior_projection: bool = True,
+        behavior_projection: bool = False,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -179,8 +184,10 @@ class ATRank(nn.Module):
                 "attribute_dim", attribute_dim, minimum=0, why="0: items only, no attribute bag"
             )
         )
-        if item_dim is None:  # without F_target the features are the keys: they fill d_model
-            item_dim = d_model if key_projection else max(1, d_model - attribute_dim)
+        behavior_projection = _check_bool("behavior_projection", behavior_projection)
+        if item_dim is None:  # features used as keys or as tokens fill d_model
+            projected = key_projection and behavior_projection
+            item_dim = d_model if projected else max(1, d_model - attribute_dim)
         item_dim = _check_int("item_dim", item_dim)
         _check_choice("positional", positional, POSITIONAL_ENCODINGS)
         _check_choice("position_origin", position_origin, POSITION_ORIGINS)
@@ -190,7 +197,6 @@ class ATRank(nn.Module):
         _check_choice("activation", activation, FFN_ACTIVATIONS)
         causal = _check_bool("causal", causal)
         item_bias = _check_bool("item_bias", item_bias)
-        behavior_projection = _check_bool("behavior_projection", behavior_projection)
         if not key_projection and item_dim + attribute_dim != d_model:
             raise ValueError(
                 f"key_projection=False uses the item features as keys, so item_dim + "

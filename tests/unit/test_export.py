@@ -38,8 +38,9 @@ FAITHFUL = {
     "positional": "none",
     "causal": False,
     "item_bias": True,
+    "behavior_projection": True,
 }
-ENCODERS = ("atrank", "atrank_faithful", "atrank_learned", "atrank_behavior_vector", "sasrec")
+ENCODERS = ("atrank", "atrank_faithful", "atrank_learned", "atrank_F_g", "sasrec")
 # (lengths of the rows, T): neither is the tracing example's (B=2, T=4)
 SHAPES = [([3, 5, 1], 5), ([8, 2, 7, 8, 1, 4], 8), ([1], 1)]
 
@@ -70,7 +71,7 @@ def make_encoder(kind: str) -> torch.nn.Module:
             "atrank": {},
             "atrank_faithful": FAITHFUL,
             "atrank_learned": {"positional": "learned"},
-            "atrank_behavior_vector": {"behavior_projection": False},
+            "atrank_F_g": {"behavior_projection": True},
         }[kind]
         encoder = ATRank(
             **SIZES, item_attribute_width=3, d_model=16, num_heads=2, dropout=0.1, **extra
@@ -240,7 +241,14 @@ def test_checkpoint_written_before_the_item_side_switches_loads_as_it_was(tmp_pa
     existed had F_target keys, an item bias and F_g; they rebuild that model, not today's
     defaults."""
     torch.manual_seed(0)
-    old = ATRank(**SIZES, d_model=16, num_heads=2, key_projection=True, item_bias=True)
+    old = ATRank(
+        **SIZES,
+        d_model=16,
+        num_heads=2,
+        key_projection=True,
+        item_bias=True,
+        behavior_projection=True,
+    )
     with torch.no_grad():
         old.item_bias.normal_()
     switches = ("key_projection", "item_bias", "behavior_projection")

@@ -32,6 +32,7 @@ FAITHFUL = {
     "positional": "none",
     "causal": False,
     "item_bias": True,
+    "behavior_projection": True,
 }
 
 
@@ -284,7 +285,7 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ),
         ({"item_bias": 1}, r"item_bias=1 is invalid: pass True or False"),
         (
-            {"behavior_projection": False, "key_projection": True},
+            {"key_projection": True, "item_dim": 64},  # F_target, but the tokens: 64 + 32
             r"behavior_projection=False .* got 64 \+ 32 != 64",
         ),
         ({"item_attribute_width": 0}, r"item_attribute_width=0 is invalid"),
@@ -300,10 +301,14 @@ def test_config_resolves_defaults_to_plain_values() -> None:
     # the features are the keys: item and attribute widths fill d_model (the reference: D/2 each)
     assert (model.config["item_dim"], model.config["attribute_dim"]) == (16, 16)
     assert model.config["key_projection"] is False and model.config["item_bias"] is False
+    assert model.config["behavior_projection"] is False  # tokens: the features + behaviour
     items_only = ATRank(**SIZES, d_model=32, attribute_dim=0)
     assert (items_only.config["item_dim"], items_only.config["attribute_dim"]) == (32, 0)
-    projected = ATRank(**SIZES, d_model=32, key_projection=True)  # F_target maps 48 -> 32
+    # F_target and F_g map 48 -> 32; with F_target alone the tokens are the 32 features
+    projected = ATRank(**SIZES, d_model=32, key_projection=True, behavior_projection=True)
     assert (projected.config["item_dim"], projected.config["attribute_dim"]) == (32, 16)
+    keys_only = ATRank(**SIZES, d_model=32, key_projection=True)
+    assert (keys_only.config["item_dim"], keys_only.config["attribute_dim"]) == (16, 16)
     assert model.config["item_attribute_width"] == 1
     assert "num_categories" not in model.config and "category_dim" not in model.config
     allowed = (int, float, str, bool, type(None))
@@ -428,8 +433,12 @@ def test_model_package_imports_neither_lightning_nor_hydra() -> None:
 
 @pytest.mark.parametrize(
     "item_side",
-    [{}, {"key_projection": True, "item_bias": True}, {"behavior_projection": False}],
-    ids=["features-as-keys", "F_target-and-bias", "behaviour-vector"],
+    [
+        {},
+        {"key_projection": True, "item_bias": True, "behavior_projection": True},
+        {"behavior_projection": True},
+    ],
+    ids=["features-as-keys-and-tokens", "F_target-bias-F_g", "F_g"],
 )
 def test_overfits_next_item_is_item_plus_one(item_side: dict) -> None:
     """Proves gradients reach the embeddings, the blocks and the key table."""
