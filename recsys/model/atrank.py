@@ -107,8 +107,9 @@ class ATRank(nn.Module):
     does).
     """
 
-    # The values the code had before these arguments existed (checkpoints of 2026-11-21 and
-    # earlier: F_target keys and an item bias).
+    # The values the code had before these arguments existed: a checkpoint saved before them
+    # has F_target keys and an item bias (before the seventh session) and F_g tokens (before
+    # the ninth).
     ARGUMENTS_BEFORE_THEY_EXISTED = {
         "key_projection": True,
         "item_bias": True,
