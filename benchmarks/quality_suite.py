@@ -8,7 +8,8 @@
     python -m benchmarks.quality_suite --table-from seed0.json more.json   # ... one table
 
 Each run composes ``conf/config.yaml`` with ``experiment=<dataset>`` (data, protocol) and the
-entry's overrides (model, loss), trains with early stopping on validation NDCG@10, and
+entry's overrides (model, loss), trains with early stopping on validation NDCG@10 (Taobao:
+MRR, see its experiment config), and
 evaluates the selected checkpoint on test once. The table shows, per (dataset, model), the mean
 and spread over seeds of test HR@10 / NDCG@10, the published number to compare with (from
 ../shared/PROTOCOLS.md, same protocol unless the note says otherwise), the training time on
