@@ -52,6 +52,7 @@ from recsys.model.layers import (
     _check_bool,
     _check_choice,
     _check_dropout,
+    _check_filter_mix,
     _check_heads,
     _check_int,
     attention_mask,
@@ -99,6 +100,10 @@ class ATRank(nn.Module):
       per behaviour (True, ATRank) or the features plus a learned behaviour vector (False, the
       default; needs item_dim + attribute_dim == d_model). On Beauty the features themselves
       scored higher (benchmarks/README.md, "Model quality").
+    - ``filter_mix`` / ``filter_frequencies``: BSARec's low-pass branch beside the attention
+      in every block (``alpha`` and ``c`` in BSARec; 0.7 and 5 on Beauty), causal when the
+      encoder is; 0 (the default) is attention only. See
+      :class:`recsys.model.layers.LowPassFilter`.
 
     ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
     rebuilds the same architecture, and it can be saved next to a ``weights_only`` checkpoint.
@@ -108,12 +113,14 @@ class ATRank(nn.Module):
     """
 
     # The values the code had before these arguments existed: a checkpoint saved before them
-    # has F_target keys and an item bias (before the seventh session) and F_g tokens (before
-    # the ninth).
+    # has F_target keys and an item bias (before the seventh session), F_g tokens (before
+    # the ninth) and no low-pass branch (before the tenth).
     ARGUMENTS_BEFORE_THEY_EXISTED = {
         "key_projection": True,
         "item_bias": True,
         "behavior_projection": True,
+        "filter_mix": 0.0,
+        "filter_frequencies": 5,
     }
 
     def __init__(
@@ -142,6 +149,8 @@ class ATRank(nn.Module):
         key_projection: bool = False,
         item_bias: bool = False,
         behavior_projection: bool = False,
+        filter_mix: float = 0.0,
+        filter_frequencies: int = 5,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -198,6 +207,10 @@ class ATRank(nn.Module):
         _check_choice("activation", activation, FFN_ACTIVATIONS)
         causal = _check_bool("causal", causal)
         item_bias = _check_bool("item_bias", item_bias)
+        filter_mix = _check_filter_mix(filter_mix)
+        filter_frequencies = _check_int(
+            "filter_frequencies", filter_frequencies, why="BSARec's c; c // 2 + 1 frequencies kept"
+        )
         if not key_projection and item_dim + attribute_dim != d_model:
             raise ValueError(
                 f"key_projection=False uses the item features as keys, so item_dim + "
@@ -232,6 +245,8 @@ class ATRank(nn.Module):
             "key_projection": key_projection,
             "item_bias": item_bias,
             "behavior_projection": behavior_projection,
+            "filter_mix": filter_mix,
+            "filter_frequencies": filter_frequencies,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -262,6 +277,10 @@ class ATRank(nn.Module):
                 qkv_activation=qkv_activation,
                 output_projection=output_projection,
                 activation=activation,
+                filter_mix=filter_mix,
+                filter_frequencies=filter_frequencies,
+                max_seq_len=max_seq_len,
+                causal=causal,
             )
             for _ in range(num_layers)
         )
@@ -322,7 +341,7 @@ class ATRank(nn.Module):
             x = x + self.query_time_embedding(query_time_bucket) * padding_mask[..., None]
         mask = attention_mask(padding_mask, self.causal)  # (B, 1, T, T)
         for block in self.blocks:
-            x = block(x, mask)
+            x = block(x, mask, padding_mask)
         # Padding rows hold throwaway values (see TransformerBlock); zero them once here.
         hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)  # (B, T, D)
         # Left padding puts the most recent event last, whatever the history length.

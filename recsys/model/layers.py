@@ -204,6 +204,8 @@ class TransformerBlock(nn.Module):
         x = norm(x + dropout(attention(x)));  x = norm(x + dropout(ffn(x)))
 
     A pre-norm stack needs a final LayerNorm after the last block; the encoder owns it.
+    With ``filter_mix = alpha > 0`` the attention branch becomes
+    ``alpha * low_pass(x) + (1 - alpha) * attention(x)`` (BSARec; :class:`LowPassFilter`).
     Rows at padding positions come out as arbitrary (finite) values: real queries never attend
     to them, so they cannot leak, and the encoder multiplies them by zero at the end.
     """
@@ -219,9 +221,25 @@ class TransformerBlock(nn.Module):
         qkv_activation: str | None = None,
         output_projection: bool = True,
         activation: str = "gelu",
+        filter_mix: float = 0.0,
+        filter_frequencies: int = 5,
+        max_seq_len: int | None = None,
+        causal: bool = True,
     ) -> None:
         super().__init__()
         self.norm_first = _check_bool("norm_first", norm_first)
+        self.filter_mix = _check_filter_mix(filter_mix)
+        # BSARec's frequency branch beside the attention (alpha = filter_mix); None when off.
+        self.low_pass: LowPassFilter | None = None
+        if self.filter_mix > 0.0:
+            if max_seq_len is None:
+                raise ValueError("filter_mix > 0 needs max_seq_len (the filter's window)")
+            self.low_pass = LowPassFilter(
+                max_seq_len=max_seq_len,
+                d_model=d_model,
+                frequencies=filter_frequencies,
+                causal=causal,
+            )
         self.attention = MultiHeadSelfAttention(
             d_model=d_model,
             num_heads=num_heads,
@@ -236,19 +254,94 @@ class TransformerBlock(nn.Module):
         self.feed_forward_norm = nn.LayerNorm(d_model)
         self.residual_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor, padding_mask: torch.Tensor
+    ) -> torch.Tensor:
         """Shapes:
         x: (B, T, D)
         attn_mask: (B, 1, T, T) bool from :func:`attention_mask`.
+        padding_mask: (B, T) bool, True = real token (read by the low-pass branch only).
         returns: (B, T, D); padding rows are not zeroed here (see the class docstring).
         """
         if self.norm_first:
-            x = x + self.residual_dropout(self.attention(self.attention_norm(x), attn_mask))
+            mixed = self._mix(self.attention_norm(x), attn_mask, padding_mask)
+            x = x + self.residual_dropout(mixed)
             x = x + self.residual_dropout(self.feed_forward(self.feed_forward_norm(x)))
         else:
-            x = self.attention_norm(x + self.residual_dropout(self.attention(x, attn_mask)))
+            mixed = self._mix(x, attn_mask, padding_mask)
+            x = self.attention_norm(x + self.residual_dropout(mixed))
             x = self.feed_forward_norm(x + self.residual_dropout(self.feed_forward(x)))
         return x
+
+    def _mix(
+        self, x: torch.Tensor, attn_mask: torch.Tensor, padding_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The token-mixing branch: attention, or alpha * low-pass + (1 - alpha) * attention."""
+        attended = self.attention(x, attn_mask)
+        if self.low_pass is None:
+            return attended
+        alpha = self.filter_mix
+        return alpha * self.low_pass(x, padding_mask) + (1.0 - alpha) * attended
+
+
+def _check_filter_mix(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+        raise ValueError(
+            f"filter_mix={value!r} is invalid: pass a weight in [0, 1] for the low-pass branch "
+            f"(0: attention only, the default; BSARec uses 0.7 on Beauty)"
+        )
+    return float(value)
+
+
+class LowPassFilter(nn.Module):
+    """BSARec's frequency branch (Shin et al., AAAI 2024, arXiv 2312.10325) over a token window.
+
+    BSARec splits a left-padded window of L tokens into its ``c // 2 + 1`` lowest Fourier
+    components (``low``, an FFT over positions) and the rest (``high = x - low``) and returns
+    ``low + beta² * high``, beta a learned per-channel scale: a smoothing of the sequence whose
+    sharpness each channel learns. Both parts are linear in the window, so ``low = P x`` with a
+    fixed (L, L) matrix P (the low-pass projection), which is what is stored.
+
+    BSARec trains one sample per prefix and reads only the last position, so its filter may mix
+    the whole window. Trained at every position at once, that would let a position see the
+    events after it, so ``causal=True`` (the default) keeps, for every position t, the weights
+    BSARec's last position gives the events before it: ``low[t] = sum_{s<=t} P[L-1, L-1-(t-s)]
+    x[s]``, the filter of the prefix ending at t, right-aligned in its own window. At the last
+    position of a left-padded window that is exactly BSARec's low-pass (with zero padding rows,
+    where BSARec has position-embedding rows). ``causal=False`` applies P itself.
+    """
+
+    def __init__(
+        self, *, max_seq_len: int, d_model: int, frequencies: int = 5, causal: bool = True
+    ) -> None:
+        super().__init__()
+        self.max_seq_len = _check_int("max_seq_len", max_seq_len)
+        d_model = _check_int("d_model", d_model)
+        frequencies = _check_int(
+            "filter_frequencies", frequencies, why="BSARec's c: c // 2 + 1 lowest frequencies kept"
+        )
+        length = self.max_seq_len
+        spectrum = torch.fft.rfft(torch.eye(length), dim=0, norm="ortho")  # (L//2+1, L)
+        spectrum[frequencies // 2 + 1 :] = 0
+        # Column s is the low-pass of a unit impulse at s: low[t] = sum_s projection[t, s] x[s].
+        projection = torch.fft.irfft(spectrum, n=length, dim=0, norm="ortho")  # (L, L)
+        if _check_bool("causal", causal):
+            lag = torch.arange(length)[:, None] - torch.arange(length)[None, :]  # t - s
+            kernel = projection[-1].flip(0)  # kernel[d]: weight of the event d steps back
+            projection = torch.where(lag >= 0, kernel[lag.clamp(min=0)], 0.0)
+        self.register_buffer("projection", projection, persistent=False)  # (L, L)
+        # BSARec stores sqrt(beta) ~ N(0, 1) per channel and uses its square.
+        self.sqrt_beta = nn.Parameter(torch.randn(d_model))
+
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+        """Shapes: x (B, T, D), padding_mask (B, T) bool (True = real) -> (B, T, D).
+        Padding rows are zeroed first, so they contribute nothing to real rows."""
+        seq_len = x.shape[1]
+        _check_seq_len(seq_len, self.max_seq_len)
+        x = x * padding_mask[..., None]
+        window = self.projection[self.max_seq_len - seq_len :, self.max_seq_len - seq_len :]
+        low = window @ x  # (T, T) @ (B, T, D)
+        return low + self.sqrt_beta**2 * (x - low)
 
 
 # --- positional encodings ------------------------------------------------------------------

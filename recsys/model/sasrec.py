@@ -30,6 +30,7 @@ from recsys.model.layers import (
     LearnedPositionalEncoding,
     TransformerBlock,
     _check_dropout,
+    _check_filter_mix,
     _check_heads,
     _check_int,
     attention_mask,
@@ -45,6 +46,8 @@ class SASRec(nn.Module):
     Data sizes (``num_items`` with PAD/UNK, ``max_seq_len``) come from the data; the other
     vocabulary sizes ATRank takes (``num_attributes``, ``num_behaviors``, ``num_time_buckets``,
     ``item_attribute_width``) are accepted and ignored so both encoders are built the same way.
+    ``filter_mix`` / ``filter_frequencies`` add BSARec's low-pass branch beside the attention
+    (its alpha and c; 0, the default, is SASRec): see :class:`recsys.model.layers.LowPassFilter`.
     """
 
     causal = True
@@ -59,6 +62,8 @@ class SASRec(nn.Module):
         num_layers: int = 2,
         dropout: float = 0.2,
         position_origin: str = "last",
+        filter_mix: float = 0.0,
+        filter_frequencies: int = 5,
         num_attributes: int | None = None,
         num_behaviors: int | None = None,
         num_time_buckets: int | None = None,
@@ -73,6 +78,10 @@ class SASRec(nn.Module):
         _check_heads(d_model, num_heads)
         num_layers = _check_int("num_layers", num_layers)
         dropout = _check_dropout("dropout", dropout)
+        filter_mix = _check_filter_mix(filter_mix)
+        filter_frequencies = _check_int(
+            "filter_frequencies", filter_frequencies, why="BSARec's c; c // 2 + 1 frequencies kept"
+        )
         self.config: dict[str, int | float | None] = {
             "num_items": num_items,
             "max_seq_len": max_seq_len,
@@ -81,6 +90,8 @@ class SASRec(nn.Module):
             "num_layers": num_layers,
             "dropout": dropout,
             "position_origin": position_origin,
+            "filter_mix": filter_mix,
+            "filter_frequencies": filter_frequencies,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -104,6 +115,9 @@ class SASRec(nn.Module):
                 dropout=dropout,
                 norm_first=True,
                 activation="relu",
+                filter_mix=filter_mix,
+                filter_frequencies=filter_frequencies,
+                max_seq_len=max_seq_len,
             )
             for _ in range(num_layers)
         )
@@ -131,7 +145,7 @@ class SASRec(nn.Module):
         x = x.masked_fill(~padding_mask[..., None], 0.0)
         mask = attention_mask(padding_mask, causal=True)
         for block in self.blocks:
-            x = block(x, mask)
+            x = block(x, mask, padding_mask)
         hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)
         return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
 

@@ -40,7 +40,15 @@ FAITHFUL = {
     "item_bias": True,
     "behavior_projection": True,
 }
-ENCODERS = ("atrank", "atrank_faithful", "atrank_learned", "atrank_F_g", "sasrec")
+ENCODERS = (
+    "atrank",
+    "atrank_faithful",
+    "atrank_learned",
+    "atrank_F_g",
+    "atrank_low_pass",
+    "sasrec",
+    "sasrec_low_pass",
+)
 # (lengths of the rows, T): neither is the tracing example's (B=2, T=4)
 SHAPES = [([3, 5, 1], 5), ([8, 2, 7, 8, 1, 4], 8), ([1], 1)]
 
@@ -57,8 +65,9 @@ def attribute_table(width: int) -> torch.Tensor:
 
 def make_encoder(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    if kind == "sasrec":
+    if kind.startswith("sasrec"):
         encoder = SASRec(
+            filter_mix=0.7 if kind == "sasrec_low_pass" else 0.0,
             num_items=SIZES["num_items"],
             max_seq_len=SIZES["max_seq_len"],
             d_model=16,
@@ -72,6 +81,7 @@ def make_encoder(kind: str) -> torch.nn.Module:
             "atrank_faithful": FAITHFUL,
             "atrank_learned": {"positional": "learned"},
             "atrank_F_g": {"behavior_projection": True},
+            "atrank_low_pass": {"filter_mix": 0.7, "filter_frequencies": 3},
         }[kind]
         encoder = ATRank(
             **SIZES, item_attribute_width=3, d_model=16, num_heads=2, dropout=0.1, **extra

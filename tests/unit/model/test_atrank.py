@@ -132,18 +132,30 @@ def test_values_at_padding_positions_change_nothing(
 
 @pytest.mark.parametrize(
     ("encoder", "positional"),
-    [("atrank", "learned"), ("atrank", "sinusoidal"), ("sasrec", "learned")],
+    [
+        ("atrank", "learned"),
+        ("atrank", "sinusoidal"),
+        ("atrank_low_pass", "sinusoidal"),
+        ("sasrec", "learned"),
+        ("sasrec_low_pass", "learned"),
+    ],
 )
 def test_first_origin_trains_every_position_as_its_own_prefix(encoder: str, positional: str):
     """position_origin="first" + causal: the hidden state at position t of a window equals the
     query the model computes from the prefix ending at t alone, so training every position at
-    once is training on every prefix (what evaluation then sees)."""
-    if encoder == "atrank":
-        model = make_model(positional=positional, position_origin="first")
+    once is training on every prefix (what evaluation then sees). The causal low-pass branch
+    (BSARec) keeps that."""
+    low_pass = {"filter_mix": 0.7} if encoder.endswith("_low_pass") else {}
+    if encoder.startswith("atrank"):
+        model = make_model(positional=positional, position_origin="first", **low_pass)
     else:  # SASRec's positions are learned
         torch.manual_seed(0)
         model = SASRec(
-            num_items=SIZES["num_items"], max_seq_len=8, d_model=16, position_origin="first"
+            num_items=SIZES["num_items"],
+            max_seq_len=8,
+            d_model=16,
+            position_origin="first",
+            **low_pass,
         ).eval()
     tokens = make_tokens([6, 4], seq_len=6)
     with torch.no_grad():
@@ -156,9 +168,12 @@ def test_first_origin_trains_every_position_as_its_own_prefix(encoder: str, posi
             )
 
 
+@pytest.mark.parametrize("filter_mix", [0.0, 0.7])
 @pytest.mark.parametrize("causal", [True, False])
-def test_future_token_changes_past_states_only_when_not_causal(causal: bool) -> None:
-    model = make_model(causal=causal)
+def test_future_token_changes_past_states_only_when_not_causal(
+    causal: bool, filter_mix: float
+) -> None:
+    model = make_model(causal=causal, filter_mix=filter_mix)
     item, behavior, time_bucket, padding_mask = make_tokens([6, 4], seq_len=6)
     changed_item, changed_behavior = item.clone(), behavior.clone()
     changed_item[:, 4] = torch.where(item[:, 4] == 7, 8, 7)
@@ -289,6 +304,8 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
             r"behavior_projection=False .* got 64 \+ 32 != 64",
         ),
         ({"item_attribute_width": 0}, r"item_attribute_width=0 is invalid"),
+        ({"filter_mix": -0.1}, r"filter_mix=-0.1 is invalid: pass a weight in \[0, 1\]"),
+        ({"filter_frequencies": 0}, r"filter_frequencies=0 is invalid"),
     ],
 )
 def test_constructor_validation(overrides: dict, message: str) -> None:
@@ -302,6 +319,7 @@ def test_config_resolves_defaults_to_plain_values() -> None:
     assert (model.config["item_dim"], model.config["attribute_dim"]) == (16, 16)
     assert model.config["key_projection"] is False and model.config["item_bias"] is False
     assert model.config["behavior_projection"] is False  # tokens: the features + behaviour
+    assert model.config["filter_mix"] == 0.0 and model.blocks[0].low_pass is None  # attention
     items_only = ATRank(**SIZES, d_model=32, attribute_dim=0)
     assert (items_only.config["item_dim"], items_only.config["attribute_dim"]) == (32, 0)
     # F_target and F_g map 48 -> 32; with F_target alone the tokens are the 32 features
@@ -437,8 +455,9 @@ def test_model_package_imports_neither_lightning_nor_hydra() -> None:
         {},
         {"key_projection": True, "item_bias": True, "behavior_projection": True},
         {"behavior_projection": True},
+        {"filter_mix": 0.7},
     ],
-    ids=["features-as-keys-and-tokens", "F_target-bias-F_g", "F_g"],
+    ids=["features-as-keys-and-tokens", "F_target-bias-F_g", "F_g", "low-pass"],
 )
 def test_overfits_next_item_is_item_plus_one(item_side: dict) -> None:
     """Proves gradients reach the embeddings, the blocks and the key table."""

@@ -10,6 +10,7 @@ import torch
 from recsys.model.layers import (
     FeedForward,
     LearnedPositionalEncoding,
+    LowPassFilter,
     MultiHeadSelfAttention,
     SinusoidalPositionalEncoding,
     TransformerBlock,
@@ -104,9 +105,98 @@ def test_transformer_block_shape_and_finite(norm_first: bool) -> None:
     x = torch.randn(3, 6, 8)
     padding_mask = torch.zeros(3, 6, dtype=torch.bool)
     padding_mask[:, -1] = True
-    out = block(x, attention_mask(padding_mask, causal=True))
+    out = block(x, attention_mask(padding_mask, causal=True), padding_mask)
     assert out.shape == (3, 6, 8)
     assert torch.isfinite(out).all()
+
+
+# --- BSARec's low-pass branch ----------------------------------------------------------------
+
+
+def _bsarec_low_pass(window: torch.Tensor, frequencies: int) -> torch.Tensor:
+    """BSARec's FrequencyLayer without beta: keep the c // 2 + 1 lowest rfft bins of the window."""
+    spectrum = torch.fft.rfft(window, dim=1, norm="ortho")
+    spectrum[:, frequencies // 2 + 1 :] = 0
+    return torch.fft.irfft(spectrum, n=window.shape[1], dim=1, norm="ortho")
+
+
+def _low_pass_only(**kwargs: object) -> LowPassFilter:
+    layer = LowPassFilter(**kwargs)
+    with torch.no_grad():
+        layer.sqrt_beta.zero_()  # beta = 0: the output is the low-pass part alone
+    return layer
+
+
+@pytest.mark.parametrize("frequencies", [1, 3, 5, 12])
+def test_causal_low_pass_is_bsarec_on_every_prefix(frequencies: int) -> None:
+    """Position t of the causal filter equals BSARec's FFT low-pass at the last position of the
+    prefix ending at t, right-aligned in a zero-padded window of max_seq_len."""
+    torch.manual_seed(0)
+    length, d_model = 10, 3
+    layer = _low_pass_only(max_seq_len=length, d_model=d_model, frequencies=frequencies)
+    x = torch.randn(2, 7, d_model)
+    padding_mask = _window("..xxxxx", "xxxxxxx")
+    out = layer(x, padding_mask)
+    for t in range(7):
+        prefix = (x * padding_mask[..., None])[:, : t + 1]
+        window = torch.zeros(2, length, d_model)
+        window[:, length - t - 1 :] = prefix
+        expected = _bsarec_low_pass(window, frequencies)[:, -1]
+        torch.testing.assert_close(out[:, t], expected, atol=1e-6, rtol=0)
+
+
+def test_non_causal_low_pass_is_bsarec_on_the_window() -> None:
+    torch.manual_seed(0)
+    layer = _low_pass_only(max_seq_len=6, d_model=4, frequencies=3, causal=False)
+    x = torch.randn(2, 6, 4)
+    padding_mask = _window("...xxx", "xxxxxx")
+    expected = _bsarec_low_pass(x * padding_mask[..., None], 3)
+    torch.testing.assert_close(layer(x, padding_mask), expected, atol=1e-6, rtol=0)
+    # every frequency kept: the projection is the identity
+    everything = _low_pass_only(max_seq_len=6, d_model=4, frequencies=6, causal=False)
+    torch.testing.assert_close(everything(x, padding_mask), x * padding_mask[..., None])
+
+
+def test_low_pass_adds_beta_squared_high_pass_and_ignores_padding_rows() -> None:
+    torch.manual_seed(0)
+    layer = LowPassFilter(max_seq_len=8, d_model=4, frequencies=5)
+    x = torch.randn(1, 5, 4)
+    padding_mask = _window("..xxx")
+    junk = torch.where(padding_mask[..., None], x, torch.randn(1, 5, 4) * 100)
+    low = _low_pass_only(max_seq_len=8, d_model=4, frequencies=5)(x, padding_mask)
+    expected = low + layer.sqrt_beta**2 * (x * padding_mask[..., None] - low)
+    torch.testing.assert_close(layer(x, padding_mask), expected)
+    torch.testing.assert_close(layer(junk, padding_mask)[:, 2:], expected[:, 2:])
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_block_mixes_low_pass_and_attention_by_filter_mix(norm_first: bool) -> None:
+    torch.manual_seed(0)
+    kwargs = {"d_model": 8, "num_heads": 2, "ffn_dim": 4, "dropout": 0.0, "norm_first": norm_first}
+    block = TransformerBlock(**kwargs, filter_mix=0.7, max_seq_len=6).eval()
+    x = torch.randn(2, 5, 8)
+    padding_mask = _window(".xxxx", "xxxxx")
+    mask = attention_mask(padding_mask, causal=True)
+    h = block.attention_norm(x) if norm_first else x
+    mixed = 0.7 * block.low_pass(h, padding_mask) + 0.3 * block.attention(h, mask)
+    assert torch.allclose(block._mix(h, mask, padding_mask), mixed)
+    out = block(x, mask, padding_mask)
+    assert out.shape == (2, 5, 8) and torch.isfinite(out).all()
+    assert TransformerBlock(**kwargs).low_pass is None  # filter_mix=0: attention only
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"filter_mix": 1.5}, r"filter_mix=1.5 is invalid: pass a weight in \[0, 1\]"),
+        ({"filter_mix": True}, r"filter_mix=True is invalid"),
+        ({"filter_mix": 0.5}, r"filter_mix > 0 needs max_seq_len"),
+        ({"filter_mix": 0.5, "max_seq_len": 6, "filter_frequencies": 0}, r"filter_frequencies=0"),
+    ],
+)
+def test_block_filter_validation(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TransformerBlock(d_model=8, num_heads=2, ffn_dim=4, dropout=0.0, **overrides)
 
 
 def test_feed_forward_shape() -> None:
