@@ -7,15 +7,21 @@ from pathlib import Path
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from recsys.data.dataset import SequenceStore, TargetRows, TrainWindows, batch_loader
+from recsys.data.dataset import TRAIN_SAMPLES, SequenceStore, TargetRows, batch_loader
 from recsys.data.pipeline import SEQUENCES_FILE, load_stats
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
 
 
 class SeqRecDataModule(pl.LightningDataModule):
-    """Training windows (every position a target) and one evaluation row per user with a
-    validation / test target. Time buckets come from the prepared folder's ``stats.json``."""
+    """Training rows and one evaluation row per user with a validation / test target. Time
+    buckets come from the prepared folder's ``stats.json``.
+
+    ``train_samples``: ``"windows"`` (:class:`~recsys.data.dataset.TrainWindows`, every
+    position of a window a target: the fast default for causal encoders) or ``"prefixes"``
+    (:class:`~recsys.data.dataset.TrainPrefixes`, one row per target, the last position
+    trained: the S3-Rec family's form, for non-causal encoders).
+    """
 
     def __init__(
         self,
@@ -26,8 +32,16 @@ class SeqRecDataModule(pl.LightningDataModule):
         eval_batch_size: int = 512,
         num_workers: int = 0,
         seed: int = 0,
+        train_samples: str = "windows",
     ):
         super().__init__()
+        if train_samples not in TRAIN_SAMPLES:
+            raise ValueError(
+                f"data.loader.train_samples={train_samples!r} is not supported: choose one of "
+                f"{list(TRAIN_SAMPLES)} (windows: every position a target; prefixes: one row "
+                "per target)"
+            )
+        self.train_samples = train_samples
         self.prepared_dir = Path(prepared_dir)
         self.stats = load_stats(self.prepared_dir)
         self.vocab = Vocab.load(self.prepared_dir)
@@ -48,7 +62,7 @@ class SeqRecDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
-        windows = TrainWindows(self.store, **self._settings())
+        windows = TRAIN_SAMPLES[self.train_samples](self.store, **self._settings())
         return batch_loader(
             windows,
             batch_size=self.batch_size,

@@ -219,6 +219,57 @@ class TrainWindows(_BatchDataset):
         )
 
 
+class TrainPrefixes(_BatchDataset):
+    """One training row per training target: the ``max_seq_len`` events before it, only the
+    last position trained (the S3-Rec family's trainers: every prefix is a sample).
+
+    The targets are :class:`TrainWindows`' (every training event from the second on, once per
+    epoch), but each is predicted from its own window, so a non-causal encoder, which
+    :class:`TrainWindows` can train at one position per window only, learns from every target,
+    and a model whose last position sees the whole window (BSARec's filter, ATRank's reference
+    attention) is trained the way it is evaluated. It costs more: a user with ``n`` training
+    events is encoded ``n - 1`` times. Batches are :class:`SeqBatch` training batches whose
+    ``target_item`` is 0 (none) everywhere but the last position. Example (events e0..e3):
+    rows [e0] -> e1, [e0 e1] -> e2, [e0 e1 e2] -> e3.
+    """
+
+    def __init__(self, store: SequenceStore, *, max_seq_len: int, time_buckets: TimeBuckets):
+        super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
+        n = np.minimum(store.train_end, store.lengths)
+        targets = np.maximum(n - 1, 0)  # events 1 .. n-1 of each user are targets
+        self.rows = np.repeat(np.arange(store.num_users), targets)
+        # local position of each target: 1, 2, ..., n-1 within its user
+        local = np.arange(len(self.rows)) - np.repeat(np.cumsum(targets) - targets, targets) + 1
+        base = store.offsets[self.rows]
+        self.end = base + local  # the target's flat index: the input ends just before it
+        self.start = base + np.maximum(local - max_seq_len, 0)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def input_lengths(self) -> np.ndarray:
+        return self.end - self.start
+
+    def __getitem__(self, indices: list[int]) -> SeqBatch:
+        i = np.asarray(indices)
+        batch = self.store.gather(
+            self.rows[i],
+            self.start[i],
+            self.end[i],
+            max_seq_len=self.max_seq_len,
+            time_buckets=self.time_buckets,
+            targets="next",
+        )
+        # only the last position's target is this row's; the others belong to other rows
+        batch.target_item[:, :-1] = 0
+        batch.target_behavior[:, :-1] = 0
+        return batch
+
+
+TRAIN_SAMPLES = {"windows": TrainWindows, "prefixes": TrainPrefixes}
+
+
 class TargetRows(_BatchDataset):
     """One row per user with a target: the ``max_seq_len`` events before it, and the target.
 

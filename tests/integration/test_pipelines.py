@@ -316,6 +316,24 @@ def test_best_validation_score_is_named_after_its_monitor(make_config):
     )
 
 
+def test_faithful_preset_trains_on_every_prefix(make_config):
+    """data.loader.train_samples=prefixes: the non-causal reference encoder learns from every
+    training target (one row each), through the real training task."""
+    overrides = [
+        *TINY,
+        "logger=none",
+        "trainer.max_epochs=1",
+        "model=atrank_faithful",
+        "data.loader.train_samples=prefixes",
+    ]
+    trained = train.run(make_config("config", overrides))
+    assert trained.checkpoint.exists()
+    assert trained.best_val["best/val_ndcg_at_10"] >= 0
+    bad = make_config("config", [*TINY, "logger=none", "data.loader.train_samples=every"])
+    with pytest.raises(ValueError, match=r"train_samples='every' is not supported"):
+        train.run(bad)
+
+
 def test_cli_overrides_and_multirun_sweep(tmp_path):
     """The README's command-line forms: overrides and a -m sweep over num_heads."""
     out = tmp_path / "outputs"

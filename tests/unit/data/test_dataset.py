@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from recsys.data.batch import SeqBatch
-from recsys.data.dataset import SequenceStore, TargetRows, TrainWindows, batch_loader
+from recsys.data.dataset import (
+    SequenceStore,
+    TargetRows,
+    TrainPrefixes,
+    TrainWindows,
+    batch_loader,
+)
 from recsys.data.sequences import BEHAVIORS, ITEMS, SEQUENCE_COLUMNS, TIMES, TimeBuckets
 from recsys.data.split import TEST_START, TEST_TARGET, TRAIN_END, VAL_TARGET
 from recsys.schema import USER
@@ -406,3 +412,47 @@ def test_length_grouped_batches_cover_every_row_once_and_group_lengths():
     assert list(LengthGroupedBatches(lengths, batch_size=10, seed=1)) == list(
         LengthGroupedBatches(lengths, batch_size=10, seed=1)
     )
+
+
+# -- training prefixes -----------------------------------------------------------------------
+
+
+def test_train_prefixes_exact_batch(store):
+    prefixes = TrainPrefixes(store, max_seq_len=3, time_buckets=BUCKETS)
+    # u1 (7 training events e0..e6): targets e1..e6; u2 (2): e1; u3, u4: none
+    assert len(prefixes) == 7
+    batch = prefixes[[0, 2, 5, 6]]  # u1 -> e1, u1 -> e3, u1 -> e6, u2 -> e1
+    torch.testing.assert_close(
+        batch.item, long([[0, 0, 10], [10, 11, 12], [13, 14, 15], [0, 0, 19]])
+    )
+    # only the last position is this row's target
+    torch.testing.assert_close(
+        batch.target_item, long([[0, 0, 11], [0, 0, 13], [0, 0, 16], [0, 0, 20]])
+    )
+    assert (batch.target_behavior[:, :-1] == 0).all()
+    torch.testing.assert_close(
+        batch.target_behavior[:, -1], long([11, 13, 16, 20]).apply_(behavior_of)
+    )
+    torch.testing.assert_close(batch.user_index, long([0, 0, 0, 1]))
+
+
+@pytest.mark.parametrize("max_seq_len", [1, 2, 3, 7, 30])
+def test_train_prefixes_predict_every_training_target_once_from_the_events_before_it(max_seq_len):
+    store = random_store(seed=max_seq_len)
+    prefixes = TrainPrefixes(store, max_seq_len=max_seq_len, time_buckets=BUCKETS)
+    windows = TrainWindows(store, max_seq_len=max_seq_len, time_buckets=BUCKETS)
+    batch = prefixes[list(range(len(prefixes)))]
+    targets = batch.target_item[:, -1].numpy() - 10  # back to flat indices
+    # the same targets as the windows, each once
+    every = windows[list(range(len(windows)))]
+    window_targets = every.target_item[every.padding_mask].numpy() - 10
+    np.testing.assert_array_equal(np.sort(targets), np.sort(window_targets))
+    assert len(np.unique(targets)) == len(targets)
+    for b, target in enumerate(targets):
+        user = int(batch.user_index[b])
+        first = int(store.offsets[user])
+        expected = np.arange(max(first, target - max_seq_len), target)  # the events before it
+        got = batch.item[b][batch.padding_mask[b]].numpy() - 10
+        np.testing.assert_array_equal(got, expected)
+        assert target < first + store.train_end[user]  # never a validation or test event
+    np.testing.assert_array_equal(prefixes.input_lengths, batch.padding_mask.sum(dim=1).numpy())
