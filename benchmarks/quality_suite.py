@@ -304,7 +304,7 @@ def run_all(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", default=",".join(DATASETS))
-    parser.add_argument("--models", default="sasrec_bce,sasrec_ce,atrank_faithful,atrank,atrank_low_pass")
+    parser.add_argument("--models", default=",".join(m for m in MODELS if m not in BASELINES))
     parser.add_argument("--seeds", type=int, default=3, help="runs per entry")
     parser.add_argument(
         "--first-seed",
