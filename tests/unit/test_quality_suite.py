@@ -43,6 +43,10 @@ def test_table_shows_mean_and_spread_over_seeds_and_the_baselines_once():
         fake_result("sasrec_ce", 0, 0.05, 0.08, reached=300.0),
         fake_result("sasrec_ce", 1, 0.06, 0.10, reached=420.0),
         fake_result("atrank", 0, 0.04, 0.07, reached=None),
+        *(
+            fake_result("atrank_low_pass", s, 0.05, 0.09, reached=r)
+            for s, r in enumerate([600.0, None, 540.0])
+        ),
     ]
     table = rows(quality_suite.table(results))
     assert [row[1] for row in table] == [
@@ -50,8 +54,9 @@ def test_table_shows_mean_and_spread_over_seeds_and_the_baselines_once():
         "first-order transition (PROTOCOLS.md)",
         "SASRec+ (full-softmax CE)",
         "ATRank, modern preset (CE, attributes, behaviours)",
+        "ATRank, modern preset + BSARec's low-pass branch (alpha 0.7, c 5)",
     ]
-    popularity, _, sasrec, atrank = table
+    popularity, _, sasrec, atrank, low_pass = table
     assert popularity[4:7] == ["0.0112", "0.0056", "0.0056 (PROTOCOLS.md, P1)"]
     # two seeds: mean ± sample standard deviation; minutes are means over seeds
     assert sasrec[3:6] == ["2", "0.0900 ± 0.0141", "0.0550 ± 0.0071"]
@@ -59,6 +64,8 @@ def test_table_shows_mean_and_spread_over_seeds_and_the_baselines_once():
     assert sasrec[9] == "`experiment=beauty model=sasrec`"  # the suite's bookkeeping is left out
     assert atrank[3:6] == ["1", "0.0700", "0.0400"]
     assert atrank[8] == "not reached"
+    # some seeds reached it: each one's minutes, and how many
+    assert low_pass[8] == "9.0, 10.0 (2 of 3 seeds; the others never)"
 
 
 def test_table_from_saved_runs_merges_the_files(tmp_path, capsys):
