@@ -52,6 +52,7 @@ from recsys.model.layers import (
     _check_bool,
     _check_choice,
     _check_dropout,
+    _check_filter_frequencies,
     _check_filter_mix,
     _check_heads,
     _check_int,
@@ -208,9 +209,7 @@ class ATRank(nn.Module):
         causal = _check_bool("causal", causal)
         item_bias = _check_bool("item_bias", item_bias)
         filter_mix = _check_filter_mix(filter_mix)
-        filter_frequencies = _check_int(
-            "filter_frequencies", filter_frequencies, why="BSARec's c; c // 2 + 1 frequencies kept"
-        )
+        filter_frequencies = _check_filter_frequencies(filter_frequencies)
         if not key_projection and item_dim + attribute_dim != d_model:
             raise ValueError(
                 f"key_projection=False uses the item features as keys, so item_dim + "

@@ -284,6 +284,10 @@ class TransformerBlock(nn.Module):
         return alpha * self.low_pass(x, padding_mask) + (1.0 - alpha) * attended
 
 
+def _check_filter_frequencies(value: object) -> int:
+    return _check_int("filter_frequencies", value, why="BSARec's c: c // 2 + 1 frequencies kept")
+
+
 def _check_filter_mix(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
         raise ValueError(
@@ -317,9 +321,7 @@ class LowPassFilter(nn.Module):
         super().__init__()
         self.max_seq_len = _check_int("max_seq_len", max_seq_len)
         d_model = _check_int("d_model", d_model)
-        frequencies = _check_int(
-            "filter_frequencies", frequencies, why="BSARec's c: c // 2 + 1 lowest frequencies kept"
-        )
+        frequencies = _check_filter_frequencies(frequencies)
         length = self.max_seq_len
         spectrum = torch.fft.rfft(torch.eye(length), dim=0, norm="ortho")  # (L//2+1, L)
         spectrum[frequencies // 2 + 1 :] = 0

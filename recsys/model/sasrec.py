@@ -30,6 +30,7 @@ from recsys.model.layers import (
     LearnedPositionalEncoding,
     TransformerBlock,
     _check_dropout,
+    _check_filter_frequencies,
     _check_filter_mix,
     _check_heads,
     _check_int,
@@ -79,9 +80,7 @@ class SASRec(nn.Module):
         num_layers = _check_int("num_layers", num_layers)
         dropout = _check_dropout("dropout", dropout)
         filter_mix = _check_filter_mix(filter_mix)
-        filter_frequencies = _check_int(
-            "filter_frequencies", filter_frequencies, why="BSARec's c; c // 2 + 1 frequencies kept"
-        )
+        filter_frequencies = _check_filter_frequencies(filter_frequencies)
         self.config: dict[str, int | float | None] = {
             "num_items": num_items,
             "max_seq_len": max_seq_len,
