@@ -11,6 +11,7 @@ time-bucket embedding and the positional encoding are then added.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,28 @@ from recsys.model.layers import (
 from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
+
+
+def _check_embedding_std(value: object) -> float | None:
+    """``embedding_std``: None, or the positive std at which embedding tables are stored."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value <= 1.0:
+        raise ValueError(
+            f"embedding_std={value!r} is invalid: pass the std the embedding tables are stored "
+            f"at, in (0, 1] (0.02: BSARec's; smaller learns faster), or null for dim^-1/2"
+        )
+    return float(value)
+
+
+def _init_table(table: nn.Embedding, std: float | None) -> float:
+    """Draw a table at std ``std`` (None: dim^-1/2), zero its PAD row, and return the factor
+    that brings its entries to unit scale (1 / std)."""
+    std = max(1, table.embedding_dim) ** -0.5 if std is None else std
+    nn.init.normal_(table.weight, std=std)
+    with torch.no_grad():
+        table.weight[PAD_IDX].zero_()
+    return 1.0 / std
 
 
 class BehaviorAwareEmbedding(nn.Module):
@@ -73,6 +96,7 @@ class BehaviorAwareEmbedding(nn.Module):
         max_seq_len: int,
         dropout: float,
         behavior_projection: bool = True,
+        embedding_std: float | None = None,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -114,16 +138,14 @@ class BehaviorAwareEmbedding(nn.Module):
         self.attribute_embedding = nn.Embedding(
             self.num_attributes, self.attribute_dim, padding_idx=PAD_IDX
         )
-        # Stored at std dim^-1/2 and used times sqrt(dim): the same unit-scale features as
-        # nn.Embedding's N(0, 1), but Adam's steps (~lr per entry whatever the scale) move
-        # the small stored values ~sqrt(dim) times faster relative to their size (measured on
-        # Beauty: val NDCG@10 after 4 epochs 0.024 with N(0, 1) storage, see benchmarks/README)
-        for table in (self.item_embedding, self.attribute_embedding):
-            nn.init.normal_(table.weight, std=max(1, table.embedding_dim) ** -0.5)
-            with torch.no_grad():
-                table.weight[PAD_IDX].zero_()
-        self.item_scale = math.sqrt(item_dim)
-        self.attribute_scale = math.sqrt(max(1, self.attribute_dim))
+        # Stored at std s and used divided by s: unit-scale features whatever s is, but
+        # Adam's steps (~lr per stored entry whatever its scale) move a feature by ~lr / s, so
+        # s sets how fast the tables learn relative to the rest of the network. None: s =
+        # dim^-1/2 (the previous default); BSARec's 0.02 learns far faster (benchmarks/README,
+        # "Model quality": "Embedding scale").
+        self.embedding_std = _check_embedding_std(embedding_std)
+        self.item_scale = _init_table(self.item_embedding, self.embedding_std)
+        self.attribute_scale = _init_table(self.attribute_embedding, self.embedding_std)
         item_attributes = torch.full(
             (self.num_items, self.item_attribute_width), PAD_IDX, dtype=torch.long
         )  # (I, A)

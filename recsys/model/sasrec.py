@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from recsys.model.atrank import _candidate_scores
+from recsys.model.embeddings import _check_embedding_std, _init_table
 from recsys.model.layers import (
     LearnedPositionalEncoding,
     TransformerBlock,
@@ -65,6 +66,7 @@ class SASRec(nn.Module):
         position_origin: str = "last",
         filter_mix: float = 0.0,
         filter_frequencies: int = 5,
+        embedding_std: float | None = None,
         num_attributes: int | None = None,
         num_behaviors: int | None = None,
         num_time_buckets: int | None = None,
@@ -81,6 +83,7 @@ class SASRec(nn.Module):
         dropout = _check_dropout("dropout", dropout)
         filter_mix = _check_filter_mix(filter_mix)
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
+        embedding_std = _check_embedding_std(embedding_std)
         self.config: dict[str, int | float | None] = {
             "num_items": num_items,
             "max_seq_len": max_seq_len,
@@ -91,17 +94,18 @@ class SASRec(nn.Module):
             "position_origin": position_origin,
             "filter_mix": filter_mix,
             "filter_frequencies": filter_frequencies,
+            "embedding_std": embedding_std,
         }
         self.num_items = num_items
         self.d_model = d_model
         self.item_embedding = nn.Embedding(num_items, d_model, padding_idx=PAD_IDX)
-        # std D^-1/2: inputs (· sqrt(D)) have unit scale and, as the key table, initial logits
-        # hidden · key are O(1); nn.Embedding's N(0, 1) starts the softmax at logits of ~sqrt(D)
-        # spread, which trains far slower (measured on Beauty: val NDCG@10 0.006 vs ~0.03 after
-        # 3 epochs)
-        nn.init.normal_(self.item_embedding.weight, std=d_model**-0.5)
-        with torch.no_grad():
-            self.item_embedding.weight[PAD_IDX].zero_()
+        # Stored at std s (None: D^-1/2), used divided by s: unit-scale inputs, and keys at
+        # std D^-1/2 so initial logits hidden · key are O(1) (nn.Embedding's N(0, 1) keys
+        # start the softmax at logits of ~sqrt(D) spread and train far slower: val NDCG@10
+        # 0.006 vs ~0.03 after 3 epochs on Beauty). s sets how fast the table learns: see
+        # recsys.model.embeddings.BehaviorAwareEmbedding.
+        self.item_scale = _init_table(self.item_embedding, embedding_std)
+        self.key_scale = self.item_scale * d_model**-0.5
         self.position = LearnedPositionalEncoding(
             max_seq_len=max_seq_len, d_model=d_model, origin=position_origin
         )
@@ -139,7 +143,7 @@ class SASRec(nn.Module):
         Returns hidden (B, T, D) with zero padding rows and query (B, D) = hidden[:, -1]."""
         if padding_mask is None:
             padding_mask = item != PAD_IDX
-        x = self.item_embedding(item) * math.sqrt(self.d_model)
+        x = self.item_embedding(item) * self.item_scale
         x = self.dropout(x + self.position(padding_mask))
         x = x.masked_fill(~padding_mask[..., None], 0.0)
         mask = attention_mask(padding_mask, causal=True)
@@ -149,8 +153,12 @@ class SASRec(nn.Module):
         return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
 
     def item_keys(self) -> torch.Tensor:
-        """Shapes: returns (I, D), the input embedding table."""
-        return self.item_embedding.weight
+        """Shapes: returns (I, D), the input embedding table (at std D^-1/2 when built)."""
+        return self.item_embedding.weight * self.key_scale
+
+    def item_keys_of(self, items: torch.Tensor) -> torch.Tensor:
+        """Shapes: items (...) long -> (..., D), those items' rows of :meth:`item_keys`."""
+        return self.item_embedding(items) * self.key_scale
 
     def score_items(self, query: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         """Shapes: query (..., D) -> (..., I); PAD and UNK are -inf."""
@@ -159,7 +167,7 @@ class SASRec(nn.Module):
 
     def score_candidates(self, query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Scores of chosen items; see :meth:`ATRank.score_candidates`."""
-        return _candidate_scores(query, self.item_embedding(items), items, bias=None)
+        return _candidate_scores(query, self.item_keys_of(items), items, bias=None)
 
     def rerank_scores(
         self, output: EncoderOutput, candidates: torch.Tensor, return_attention: bool = False
@@ -171,7 +179,7 @@ class SASRec(nn.Module):
         scores = self.score_candidates(output.query, candidates)
         if not return_attention:
             return scores
-        keys = self.item_embedding(candidates)  # (B, N, D)
+        keys = self.item_keys_of(candidates)  # (B, N, D)
         logits = keys @ output.hidden.transpose(1, 2) / math.sqrt(self.d_model)  # (B, N, T)
         real = output.padding_mask[:, None, :]
         logits = logits.masked_fill(~real, torch.finfo(logits.dtype).min)

@@ -306,6 +306,7 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ({"item_attribute_width": 0}, r"item_attribute_width=0 is invalid"),
         ({"filter_mix": -0.1}, r"filter_mix=-0.1 is invalid: pass a weight in \[0, 1\]"),
         ({"filter_frequencies": 0}, r"filter_frequencies=0 is invalid"),
+        ({"embedding_std": 0.0}, r"embedding_std=0.0 is invalid: pass the std"),
     ],
 )
 def test_constructor_validation(overrides: dict, message: str) -> None:
@@ -418,6 +419,39 @@ def test_item_side_switches_give_sasrec_style_keys() -> None:
     )
     rebuilt = ATRank(**model.config)
     rebuilt.load_state_dict(model.state_dict())
+
+
+@pytest.mark.parametrize("encoder", ["atrank", "sasrec"])
+@pytest.mark.parametrize("std", [None, 0.02])
+def test_embedding_std_keeps_keys_and_inputs_at_the_same_scale(encoder: str, std) -> None:
+    """embedding_std changes how the tables are stored (so how fast Adam moves them), not what
+    the model computes at initialisation: keys start at std D^-1/2, scores are query · key,
+    and a model rebuilt from its config scores the same."""
+    torch.manual_seed(0)
+    if encoder == "atrank":
+        model = ATRank(**{**SIZES, "num_items": 3000}, d_model=16, embedding_std=std).eval()
+        stored = model.embedding.item_embedding.weight
+    else:
+        model = SASRec(num_items=3000, max_seq_len=8, d_model=16, embedding_std=std).eval()
+        stored = model.item_embedding.weight
+    assert model.config["embedding_std"] == std
+    keys = model.item_keys()[2:]
+    assert keys.std().item() == pytest.approx(16**-0.5, rel=0.05)
+    assert stored[2:].std().item() == pytest.approx(
+        std or (8 if encoder == "atrank" else 16) ** -0.5, rel=0.05
+    )
+    tokens = make_tokens([3, 6], seq_len=6)
+    candidates = torch.tensor([[2, 3], [4, 5]])
+    with torch.no_grad():
+        output = model(*tokens)
+        scores = model.score_items(output.query)
+        torch.testing.assert_close(scores[:, 2:], output.query @ keys.T)
+        torch.testing.assert_close(
+            model.score_candidates(output.query, candidates), scores.gather(1, candidates)
+        )
+        rebuilt = type(model)(**model.config).eval()
+        rebuilt.load_state_dict(model.state_dict())
+        torch.testing.assert_close(rebuilt.score_items(rebuilt(*tokens).query), scores)
 
 
 @pytest.mark.parametrize("width", [1, 4])

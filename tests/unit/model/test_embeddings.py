@@ -277,8 +277,42 @@ def test_state_dict_round_trip_with_attribute_sets() -> None:
         ("behavior_projection", 1, r"behavior_projection=1 is invalid: pass True or False"),
         # without F_g the features (6 + 3 wide) are the token: they must fill d_model=8
         ("behavior_projection", False, r"behavior_projection=False .* 6 \+ 3 != 8"),
+        ("embedding_std", 0.0, r"embedding_std=0.0 is invalid: pass the std"),
+        ("embedding_std", -0.02, r"embedding_std=-0.02 is invalid"),
+        ("embedding_std", "0.02", r"embedding_std='0.02' is invalid"),
+        ("embedding_std", True, r"embedding_std=True is invalid"),
     ],
 )
 def test_constructor_validation(name: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_embedding(**{"positional": "none", name: value})
+
+
+@pytest.mark.parametrize("std", [None, 0.02, 0.3])
+def test_embedding_std_sets_the_stored_scale_not_the_feature_scale(std: float | None) -> None:
+    torch.manual_seed(0)
+    embedding = make_embedding(num_items=4000, num_attributes=3000, embedding_std=std)
+    stored = embedding.item_embedding.weight[2:]
+    expected = 6**-0.5 if std is None else std  # None: dim^-1/2 (item_dim 6)
+    assert stored.std().item() == pytest.approx(expected, rel=0.05)
+    features = embedding.item_features()[2:]  # item ⊕ attribute bag, both at unit scale
+    assert features[:, :6].std().item() == pytest.approx(1.0, rel=0.05)
+    assert embedding.attribute_embedding.weight[2:].std().item() * embedding.attribute_scale == (
+        pytest.approx(1.0, rel=0.05)
+    )
+    assert torch.all(embedding.item_embedding.weight[PAD_IDX] == 0)
+
+
+def test_a_smaller_embedding_std_moves_the_features_faster_under_adam() -> None:
+    """Adam moves every stored entry by ~lr whatever its scale; features are stored / std,
+    so one step moves them by ~lr / std: 0.02 learns ~8x faster than 1/sqrt(6) ~ 0.41."""
+    moved = {}
+    for std in (None, 0.02):
+        embedding = make_embedding(embedding_std=std, positional="none")
+        optimizer = torch.optim.Adam(embedding.parameters(), lr=1e-3)
+        before = embedding.item_features().detach().clone()
+        embedding.item_features().sum().backward()
+        optimizer.step()
+        moved[std] = (embedding.item_features().detach() - before)[2:, :6].abs().mean().item()
+    assert moved[None] == pytest.approx(1e-3 * 6**0.5, rel=0.01)
+    assert moved[0.02] == pytest.approx(1e-3 / 0.02, rel=0.01)
