@@ -2,10 +2,11 @@
 
 Architecture (the reference code, pmixer/SASRec.pytorch)::
 
-    item embedding · sqrt(D) + learned position      left-padded, most recent event at T-1
+    item embedding / s + learned position            left-padded, most recent event at T-1
+                                                     (s: the table's stored std, embedding_std)
       │  dropout, num_layers × pre-norm TransformerBlock (causal), final LayerNorm
       ▼  hidden (B, T, D); query = hidden[:, -1]
-    score(item) = hidden · item_embedding[item]      the input embedding table is the key table
+    score(item) = hidden · key[item]        key = the input table, rescaled to std D^-1/2 at init
 
 Behaviours, attributes and time gaps are ignored: SASRec sees item ids only, which is what
 makes it the baseline ATRank's side information is measured against. The loss decides between
@@ -50,6 +51,8 @@ class SASRec(nn.Module):
     ``item_attribute_width``) are accepted and ignored so both encoders are built the same way.
     ``filter_mix`` / ``filter_frequencies`` add BSARec's low-pass branch beside the attention
     (its alpha and c; 0, the default, is SASRec): see :class:`recsys.model.layers.LowPassFilter`.
+    ``embedding_std`` is the std the item table is stored at (None: D^-1/2); it is used divided
+    by it, so only how fast Adam moves it changes (see :class:`ATRank`).
     """
 
     causal = True
