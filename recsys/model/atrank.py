@@ -92,7 +92,12 @@ class ATRank(nn.Module):
     - ``norm_first``: pre-norm (True) or ATRank's post-norm (False) blocks.
     - ``qkv_activation``: None or "relu" (ATRank); ``output_projection``: ATRank has none.
     - ``activation``: feed-forward activation, "gelu" or "relu" (ATRank).
-    - ``causal``: position t attends only to positions <= t.
+    - ``causal``: position t sees only positions <= t (attention and low-pass branch), so
+      every position is trained; False trains the last position only.
+    - ``causal_attention``: None follows ``causal``; True with ``causal=False`` is BSARec's
+      block: causal attention beside a low-pass branch over the whole window.
+    - ``token_norm``: a LayerNorm over each summed token before the dropout (BSARec,
+      BERT4Rec); False (the default) feeds the sum as it is.
     - ``key_projection``: keys are ``F_target(item ⊕ attribute bag)`` (True) or the features
       themselves at the tables' stored scale (False, the default and ATRank's reference; needs
       item_dim + attribute_dim == d_model). With ``attribute_dim=0`` too, the key table is the
@@ -124,7 +129,8 @@ class ATRank(nn.Module):
     # The values the code had before these arguments existed: a checkpoint saved before them
     # has F_target keys and an item bias (before the seventh session), F_g tokens (before
     # the ninth), no low-pass branch (before the tenth) and item / attribute tables stored at
-    # std dim^-1/2 (before the eleventh).
+    # std dim^-1/2 (before the eleventh), attention as causal as the encoder and no token
+    # LayerNorm (before the twelfth).
     ARGUMENTS_BEFORE_THEY_EXISTED = {
         "key_projection": True,
         "item_bias": True,
@@ -132,6 +138,8 @@ class ATRank(nn.Module):
         "filter_mix": 0.0,
         "filter_frequencies": 5,
         "embedding_std": None,
+        "causal_attention": None,
+        "token_norm": False,
     }
 
     def __init__(
@@ -163,6 +171,8 @@ class ATRank(nn.Module):
         filter_mix: float = 0.0,
         filter_frequencies: int = 5,
         embedding_std: float | None = None,
+        causal_attention: bool | None = None,
+        token_norm: bool = False,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -218,6 +228,18 @@ class ATRank(nn.Module):
         output_projection = _check_bool("output_projection", output_projection)
         _check_choice("activation", activation, FFN_ACTIVATIONS)
         causal = _check_bool("causal", causal)
+        causal_attention = (
+            causal
+            if causal_attention is None
+            else _check_bool("causal_attention", causal_attention)
+        )
+        if causal and not causal_attention:
+            raise ValueError(
+                "causal_attention=False lets position t attend to later events, so the encoder "
+                "cannot be trained at every position: set causal=false as well (the last "
+                "position is trained), or causal_attention=null to follow causal"
+            )
+        token_norm = _check_bool("token_norm", token_norm)
         item_bias = _check_bool("item_bias", item_bias)
         filter_mix = _check_filter_mix(filter_mix)
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
@@ -259,10 +281,13 @@ class ATRank(nn.Module):
             "filter_mix": filter_mix,
             "filter_frequencies": filter_frequencies,
             "embedding_std": embedding_std,
+            "causal_attention": causal_attention,
+            "token_norm": token_norm,
         }
         self.num_items = num_items
         self.d_model = d_model
         self.causal = causal
+        self.causal_attention = causal_attention
 
         self.embedding = BehaviorAwareEmbedding(
             num_items=num_items,
@@ -279,6 +304,7 @@ class ATRank(nn.Module):
             dropout=dropout,
             behavior_projection=behavior_projection,
             embedding_std=embedding_std,
+            token_norm=token_norm,
         )
         self.blocks = nn.ModuleList(
             TransformerBlock(
@@ -352,7 +378,7 @@ class ATRank(nn.Module):
             # Told up front, the attention can pick what matters for that moment: the current
             # session's items for a gap of seconds, long-term interests for a gap of days.
             x = x + self.query_time_embedding(query_time_bucket) * padding_mask[..., None]
-        mask = attention_mask(padding_mask, self.causal)  # (B, 1, T, T)
+        mask = attention_mask(padding_mask, self.causal_attention)  # (B, 1, T, T)
         for block in self.blocks:
             x = block(x, mask, padding_mask)
         # Padding rows hold throwaway values (see TransformerBlock); zero them once here.

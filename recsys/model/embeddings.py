@@ -97,6 +97,7 @@ class BehaviorAwareEmbedding(nn.Module):
         dropout: float,
         behavior_projection: bool = True,
         embedding_std: float | None = None,
+        token_norm: bool = False,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -178,6 +179,11 @@ class BehaviorAwareEmbedding(nn.Module):
             )
         else:
             self.positional = None
+        # BSARec / BERT4Rec: LayerNorm over the summed token (features + behaviour + time +
+        # position) before the dropout; None keeps the sum as it is.
+        self.token_norm = (
+            nn.LayerNorm(self.d_model) if _check_bool("token_norm", token_norm) else None
+        )
         self.dropout = nn.Dropout(_check_dropout("dropout", dropout))
 
     @torch.no_grad()
@@ -291,5 +297,7 @@ class BehaviorAwareEmbedding(nn.Module):
         x = x + self.behavior_bias[behavior] + self.time_embedding(time_bucket)
         if self.positional is not None:
             x = x + self.positional(padding_mask)  # (T, D) or (B, T, D)
+        if self.token_norm is not None:
+            x = self.token_norm(x)
         x = self.dropout(x)
         return x.masked_fill(~padding_mask[..., None], 0.0)

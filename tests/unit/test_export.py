@@ -262,9 +262,12 @@ def test_checkpoint_written_before_the_item_side_switches_loads_as_it_was(tmp_pa
     with torch.no_grad():
         old.item_bias.normal_()
     switches = ("key_projection", "item_bias", "behavior_projection")
-    config = {k: v for k, v in old.config.items() if k not in switches}
+    later = ("causal_attention", "token_norm")  # twelfth session: as causal, no token norm
+    config = {k: v for k, v in old.config.items() if k not in switches + later}
     loaded = load_checkpoint(write_checkpoint(old, config, tmp_path / "old.ckpt")).encoder
     assert all(loaded.config[k] is True for k in switches)
+    assert loaded.config["causal_attention"] is old.causal is True
+    assert loaded.config["token_norm"] is False
     old.eval()
     batch = make_batch([4, 8], 8, seed=3)
     with torch.no_grad():

@@ -186,6 +186,47 @@ def test_future_token_changes_past_states_only_when_not_causal(
     assert not torch.allclose(before[:, 4:], after[:, 4:])
 
 
+@pytest.mark.parametrize("filter_mix", [0.0, 0.7])
+def test_bsarec_block_attends_causally_beside_a_whole_window_filter(filter_mix: float) -> None:
+    """causal=False with causal_attention=True: the attention stays causal, the low-pass branch
+    reads the whole window, so only the filter lets a later event reach earlier positions."""
+    model = make_model(causal=False, causal_attention=True, filter_mix=filter_mix)
+    assert model.config["causal_attention"] is True and model.causal is False  # last position
+    item, behavior, time_bucket, padding_mask = make_tokens([6, 4], seq_len=6)
+    changed_item = item.clone()
+    changed_item[:, 4] = torch.where(item[:, 4] == 7, 8, 7)
+    with torch.no_grad():
+        before = model(item, behavior, time_bucket, padding_mask).hidden
+        after = model(changed_item, behavior, time_bucket, padding_mask).hidden
+    past_unchanged = torch.allclose(before[:, :4], after[:, :4], atol=1e-6, rtol=0)
+    assert past_unchanged == (filter_mix == 0.0)
+    if filter_mix == 0.0:  # attention only: the same function as the causal encoder
+        causal = make_model(causal=True)
+        assert causal.load_state_dict(model.state_dict()) is not None
+        with torch.no_grad():
+            expected = causal(item, behavior, time_bucket, padding_mask).hidden
+        torch.testing.assert_close(before, expected, atol=1e-6, rtol=0)
+
+
+def test_token_norm_normalises_every_real_token() -> None:
+    tokens = make_tokens([6, 3], seq_len=6)
+    padding_mask = tokens[3]
+    plain, normed = make_model(), make_model(token_norm=True)
+    assert not any("token_norm" in key for key in plain.state_dict())
+    assert {"embedding.token_norm.weight", "embedding.token_norm.bias"} <= set(normed.state_dict())
+    with torch.no_grad():
+        x = normed.embedding(*tokens)  # (B, T, D), eval: no dropout
+        raw = plain.embedding(*tokens)
+    real = x[padding_mask]  # (N, D)
+    torch.testing.assert_close(real.mean(-1), torch.zeros(len(real)), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        real.var(-1, unbiased=False), torch.ones(len(real)), atol=1e-3, rtol=0
+    )
+    assert torch.equal(x[~padding_mask], torch.zeros_like(x[~padding_mask]))
+    # the same sum, normalised: plain's token rows map onto normed's by a LayerNorm
+    torch.testing.assert_close(F.layer_norm(raw[padding_mask], (16,)), real, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("preset", [{}, FAITHFUL], ids=["modern", "faithful"])
 def test_no_nan_with_heavily_padded_rows(preset: dict) -> None:
     model = make_model(**preset).train()  # dropout on: the dangerous case for empty rows
@@ -307,6 +348,12 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ({"filter_mix": -0.1}, r"filter_mix=-0.1 is invalid: pass a weight in \[0, 1\]"),
         ({"filter_frequencies": 0}, r"filter_frequencies=0 is invalid"),
         ({"embedding_std": 0.0}, r"embedding_std=0.0 is invalid: pass the std"),
+        (
+            {"causal": True, "causal_attention": False},
+            r"causal_attention=False lets position t attend to later events.*set causal=false",
+        ),
+        ({"causal_attention": "no"}, r"causal_attention='no' is invalid: pass True or False"),
+        ({"token_norm": 1}, r"token_norm=1 is invalid: pass True or False"),
     ],
 )
 def test_constructor_validation(overrides: dict, message: str) -> None:
