@@ -220,6 +220,7 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
         "dataset": dataset,
         "model": model.name,
         "seed": seed,
+        "loss": str(cfg.training.loss),
         "command": "python -m pipelines.run " + " ".join(o for o in overrides if "paths." not in o),
         "test": metrics,
         "best_val": trained.best_val,
@@ -268,13 +269,23 @@ def table(results: list[dict]) -> str:
         minutes = [r["train_seconds"] / 60 for r in runs if r["train_seconds"] is not None]
         to_target = "—" if dataset != "beauty" else _minutes_to_recbole(runs)
         rows.append(
-            f"| {dataset} | {MODELS[model].label} | {spec.protocol} | {len(runs)} | "
+            f"| {dataset} | {_label(MODELS[model], runs[0])} | {spec.protocol} | {len(runs)} | "
             f"{_spread(hr)} | {_spread(ndcg)} | {_published(spec.published.get(model))} | "
             f"{statistics.fmean(minutes):.1f} | {to_target} | `{_overrides(runs[0])}` |"
         )
     notes = [f"- {d}: {DATASETS[d].note}" for d in dict.fromkeys(r["dataset"] for r in results)]
     notes = [n for n in notes if not n.endswith(": ")]
     return "\n".join(rows + ([""] + notes if notes else []))
+
+
+def _label(model: Model, result: dict) -> str:
+    """The model's label, naming the loss the run trained with where an experiment config
+    changed it (Taobao's CE rows use a sampled softmax; JSON from before the ``loss`` field
+    keeps the label as it is)."""
+    loss = result.get("loss")
+    if loss == "sampled_softmax":
+        return model.label.replace("full-softmax CE", "sampled-softmax CE")
+    return model.label
 
 
 def _minutes_to_recbole(runs: list[dict]) -> str:

@@ -68,6 +68,15 @@ def test_table_shows_mean_and_spread_over_seeds_and_the_baselines_once():
     assert low_pass[8] == "9.0, 10.0 (2 of 3 seeds; the others never)"
 
 
+def test_table_names_the_loss_the_run_trained_with():
+    """An experiment config can swap the loss (Taobao's CE rows use a sampled softmax): the row
+    says so; a JSON from before the ``loss`` field keeps the model's label."""
+    sampled = {**fake_result("sasrec_ce", 0, 0.05, 0.08, reached=None), "loss": "sampled_softmax"}
+    full = {**fake_result("sasrec_ce", 0, 0.05, 0.08, reached=None), "loss": "full_softmax"}
+    assert rows(quality_suite.table([sampled]))[-1][1] == "SASRec+ (sampled-softmax CE)"
+    assert rows(quality_suite.table([full]))[-1][1] == "SASRec+ (full-softmax CE)"
+
+
 def test_table_from_saved_runs_merges_the_files(tmp_path, capsys):
     first, second = tmp_path / "seed0.json", tmp_path / "seeds12.json"
     first.write_text(json.dumps([fake_result("sasrec_ce", 0, 0.05, 0.08, reached=300.0)]))
@@ -163,6 +172,7 @@ def test_one_real_run_end_to_end_leaves_no_temporary_folder(tmp_path, capsys, mo
     assert quality_suite.main(argv) == 0
     (result,) = json.loads(report.read_text())
     assert result["epochs"] == 1 and result["train_seconds"] > 0
+    assert result["loss"] == "full_softmax"
     assert 0 < result["test"]["test/ndcg_at_10"] < 1
     # the baselines' published numbers are reproduced by every run (split and metric checks)
     assert result["test"]["test/popularity_ndcg_at_10"] == pytest.approx(0.0056, abs=0.0003)
