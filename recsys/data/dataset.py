@@ -90,6 +90,11 @@ class SequenceStore:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    @property
+    def train_lengths(self) -> np.ndarray:
+        """(U,) each user's training events (those before ``train_end``)."""
+        return np.minimum(self.train_end, self.lengths)
+
     def gather(
         self,
         rows: np.ndarray,
@@ -177,6 +182,13 @@ class _BatchDataset(Dataset):
         self.time_buckets = time_buckets
 
 
+def _rows_and_ranks(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``counts[u]`` samples per user -> each sample's user and its rank 0..counts[u]-1 among
+    its user's samples. Example: counts [2, 0, 3] -> users [0 0 2 2 2], ranks [0 1 0 1 2]."""
+    rows = np.repeat(np.arange(len(counts)), counts)
+    return rows, np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 class TrainWindows(_BatchDataset):
     """Training windows over every user's training events, all positions trained at once.
 
@@ -188,11 +200,9 @@ class TrainWindows(_BatchDataset):
 
     def __init__(self, store: SequenceStore, *, max_seq_len: int, time_buckets: TimeBuckets):
         super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
-        n = np.minimum(store.train_end, store.lengths)
+        n = store.train_lengths
         windows = np.where(n >= 2, np.ceil((n - 1) / max_seq_len), 0).astype(np.int64)
-        self.rows = np.repeat(np.arange(store.num_users), windows)
-        # k = 0 is the most recent window of its user
-        k = np.arange(len(self.rows)) - np.repeat(np.cumsum(windows) - windows, windows)
+        self.rows, k = _rows_and_ranks(windows)  # k = 0 is the most recent window of its user
         local_end = n[self.rows] - k * max_seq_len
         local_start = np.maximum(local_end - max_seq_len - 1, 0)
         base = store.offsets[self.rows]
@@ -235,11 +245,9 @@ class TrainPrefixes(_BatchDataset):
 
     def __init__(self, store: SequenceStore, *, max_seq_len: int, time_buckets: TimeBuckets):
         super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
-        n = np.minimum(store.train_end, store.lengths)
-        targets = np.maximum(n - 1, 0)  # events 1 .. n-1 of each user are targets
-        self.rows = np.repeat(np.arange(store.num_users), targets)
-        # local position of each target: 1, 2, ..., n-1 within its user
-        local = np.arange(len(self.rows)) - np.repeat(np.cumsum(targets) - targets, targets) + 1
+        targets = np.maximum(store.train_lengths - 1, 0)  # events 1 .. n-1 of each user
+        self.rows, rank = _rows_and_ranks(targets)
+        local = rank + 1  # local position of each target: 1, 2, ..., n-1 within its user
         base = store.offsets[self.rows]
         self.end = base + local  # the target's flat index: the input ends just before it
         self.start = base + np.maximum(local - max_seq_len, 0)
