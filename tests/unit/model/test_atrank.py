@@ -202,7 +202,7 @@ def test_bsarec_block_attends_causally_beside_a_whole_window_filter(filter_mix: 
     assert past_unchanged == (filter_mix == 0.0)
     if filter_mix == 0.0:  # attention only: the same function as the causal encoder
         causal = make_model(causal=True)
-        assert causal.load_state_dict(model.state_dict()) is not None
+        causal.load_state_dict(model.state_dict())  # strict: the same parameters
         with torch.no_grad():
             expected = causal(item, behavior, time_bucket, padding_mask).hidden
         torch.testing.assert_close(before, expected, atol=1e-6, rtol=0)
