@@ -122,7 +122,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
         tracker.set_tags({"data.fingerprint": datamodule.stats["fingerprint"], "task": "train"})
         log_run_inputs(tracker, cfg, prepared_dir)
 
-        callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values()]
+        # a callback set to null is off (callbacks.weight_averaging by default)
+        callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
         trainer = instantiate(
             cfg.trainer, logger=tracker.lightning_logger() or False, callbacks=callbacks
         )

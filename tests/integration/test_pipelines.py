@@ -316,6 +316,29 @@ def test_best_validation_score_is_named_after_its_monitor(make_config):
     )
 
 
+def test_weight_averaging_checkpoint_holds_the_validated_average(make_config):
+    """callbacks.weight_averaging (EMA): validation scores the averaged weights, and the best
+    checkpoint holds exactly them (the raw weights beside them), so evaluating the checkpoint
+    on validation reproduces the selected score."""
+    import torch
+
+    ema = "{_target_: pytorch_lightning.callbacks.EMAWeightAveraging, decay: 0.5}"
+    cfg = make_config(
+        "config",
+        [*TINY, "logger=none", "trainer.max_epochs=2", f"callbacks.weight_averaging={ema}"],
+    )
+    trained = train.run(cfg)
+    best = torch.load(trained.checkpoint, map_location="cpu", weights_only=False)
+    averaged, raw = best["state_dict"], best["current_model_state"]
+    assert averaged.keys() == raw.keys()
+    assert any(
+        not torch.equal(averaged[k], raw[k]) for k in averaged if averaged[k].is_floating_point()
+    )
+    val = evaluate.run(cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, splits=("val",))
+    assert val["val/ndcg_at_10"] == pytest.approx(trained.best_val["best/val_ndcg_at_10"], abs=1e-6)
+    assert make_config("config", TINY).callbacks.weight_averaging is None  # off by default
+
+
 def test_faithful_preset_trains_on_every_prefix(make_config):
     """data.loader.train_samples=prefixes: the non-causal reference encoder learns from every
     training target (one row each), through the real training task."""
