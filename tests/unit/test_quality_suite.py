@@ -182,3 +182,16 @@ def test_one_real_run_end_to_end_leaves_no_temporary_folder(tmp_path, capsys, mo
     # (torch may put its own cache there, torchinductor_<user>, when it is first imported here)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("recsys-quality-")] == []
     assert (tmp_path / "runs.json").exists()
+
+
+def test_run_column_is_a_command_line_a_shell_reads_back():
+    """An override with spaces and braces (the EMA callback) is quoted in the table's run
+    column, so pasting the command gives Hydra the same overrides."""
+    import shlex
+
+    model = quality_suite.MODELS["atrank_bsarec_ema"]
+    command = "python -m pipelines.run " + shlex.join(["experiment=beauty", *model.overrides])
+    result = {**fake_result("atrank_bsarec_ema", 0, 0.06, 0.1, None), "command": command}
+    words = shlex.split(quality_suite._overrides(result))
+    assert words == ["experiment=beauty", *model.overrides]
+    assert quality_suite.EMA_0999 in words
