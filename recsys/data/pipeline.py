@@ -76,8 +76,9 @@ from recsys.data.validate import (
     parse_instant,
     problem_summary,
     raw_as_text,
+    tidy_keys,
 )
-from recsys.data.vocab import Vocab
+from recsys.data.vocab import ITEM_INDEX, Vocab
 from recsys.schema import (
     ATTRIBUTES,
     CATEGORY,
@@ -183,8 +184,10 @@ def load_events(
     clean = classified.filter(pl.col(PROBLEM).is_null()).collect(engine=LOCAL)
     if clean.height == 0:
         raise DataError(f"{name} has no rows: export a non-empty event log")
-    return clean.drop(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE).with_columns(
-        pl.col(EVENT_TYPE).cast(pl.String), attribute_sets(pl.col(ATTRIBUTES))
+    return (
+        tidy_keys(clean)
+        .drop(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE)
+        .with_columns(pl.col(EVENT_TYPE).cast(pl.String), attribute_sets(pl.col(ATTRIBUTES)))
     )
 
 
@@ -368,8 +371,9 @@ def _prepare(
     try:
         parts.distribute(
             typed.with_columns(_row_hash(typed.collect_schema().names())).with_columns(
-                # attribute keys hashed as text (stable), event types by their Enum code (the
-                # configured behaviour order); carried as codes: gathers 10-15x cheaper than text
+                # attribute keys hashed by their text (a Categorical's hash is its value's,
+                # whatever its code), event types by their Enum code (the configured behaviour
+                # order); keys carried as codes: gathers 10-15x cheaper than text
                 pl.col(ATTRIBUTES).cast(pl.Categorical)
             ),
             "typed",
@@ -389,7 +393,7 @@ def _prepare(
     digest = [0]  # sum of the row hashes modulo 2**64: independent of partitioning and order
 
     def clean(index: int) -> pl.DataFrame:
-        df = parts.read("typed", index)
+        df = tidy_keys(parts.read("typed", index))
         digest[0] = (digest[0] + df[_HASH].sum()) % 2**64  # (polars' UInt64 sum wraps too)
         # Bad rows leave before the sort (which then moves a slimmer frame), and cannot
         # duplicate a good row: their problem comes from the very values a duplicate shares.
@@ -476,8 +480,6 @@ def _prepare(
     final = parts.scan("final")
     summary = final.select(
         pl.len().alias("events"),
-        pl.col(USER).n_unique().alias("users"),
-        pl.col(ITEM).n_unique().alias("items"),
         pl.col(TIMESTAMP).min().alias("first"),
         pl.col(TIMESTAMP).max().alias("last"),
     ).collect(engine="streaming")
@@ -525,11 +527,15 @@ def _prepare(
 
     # 6. encode into one row per user
     unknown_targets = {f"{c}s_unknown_item": 0 for c in (VAL_TARGET, TEST_TARGET)}
+    # Distinct items = the vocabulary's (all from training events, so all among the events)
+    # + those outside it, which the encoding finds anyway: no count over every event's item.
+    unknown_items = []
 
     def encode(index: int) -> None:
         events = parts.read("final", index).lazy().pipe(transforms.sorted_by_user)
-        encoded = vocab.encode(events, behavior_column=EVENT_TYPE)
-        sequences = build_sequences(encoded, parts.read("positions", index).lazy()).collect(
+        encoded = vocab.encode(events, behavior_column=EVENT_TYPE).collect(engine=LOCAL)
+        unknown_items.append(encoded.filter(pl.col(ITEM_INDEX) == UNK_IDX)[ITEM].unique())
+        sequences = build_sequences(encoded.lazy(), parts.read("positions", index).lazy()).collect(
             engine=LOCAL
         )
         sequences, counts = _drop_unknown_targets(sequences)
@@ -586,7 +592,7 @@ def _prepare(
         "events_removed_by_max_user_events": counters["truncated"],
         "events": int(summary["events"][0]),
         "users": int(totals["users"]),
-        "items": int(summary["items"][0]),
+        "items": vocab.items.height + pl.concat(unknown_items).n_unique(),
         **({"sessions": int(totals["sessions"])} if has_sessions else {}),
         "train_events": int(totals["train_events"]),
         "train_users": int(totals["train_users"]),

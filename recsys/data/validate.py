@@ -208,15 +208,36 @@ def attribute_key(
 
     Events carry their side information as this key, not as a list: a list of strings per
     event made sorting 10 M events 2.5x and filtering them 15x slower, and the vocabulary groups by
-    the key anyway. :func:`attribute_sets` turns keys back into lists. A single category
-    (no separator) is its own key: ``" Shoes "`` -> ``"Shoes"``; ``""`` -> null.
+    the key anyway. :func:`attribute_sets` turns keys back into lists.
+
+    A single category (no separator) is its own key, as a ``Categorical`` read as it is:
+    :func:`tidy_keys` cleans it once per distinct value after the read (``" Shoes "`` ->
+    ``"Shoes"``; ``""`` -> null), where cleaning every row's text took a third of the read
+    pass (1 M events: ~0.03 s of ~0.09 s).
     """
     scalar = dtype in (pl.String, pl.Categorical, pl.Null) or dtype.is_numeric()
     if scalar and not separator:
-        text = pl.col(column).cast(pl.String).str.strip_chars()
-        return pl.when(text != "").then(text)
+        return pl.col(column).cast(pl.String).cast(pl.Categorical)
     lists = attribute_list(dtype, column, separator=separator, option=option)
     return lists.list.join(ATTRIBUTE_SEPARATOR)
+
+
+def tidy_keys(events: pl.DataFrame) -> pl.DataFrame:
+    """``events`` with every attribute key stripped of surrounding whitespace, and empty keys
+    null (:func:`attribute_key`'s single categories arrive as read). The work is done on the
+    distinct keys: when they are all clean (the usual case) ``events`` comes back as it is;
+    otherwise each key is replaced by its cleaned form."""
+    distinct = events.get_column(ATTRIBUTES).unique().drop_nulls().cast(pl.String)
+    cleaned = distinct.str.strip_chars()
+    cleaned = pl.select(pl.when(cleaned != "").then(cleaned)).to_series()
+    if cleaned.null_count() == 0 and (cleaned == distinct).all():
+        return events
+    return events.with_columns(
+        pl.col(ATTRIBUTES)
+        .cast(pl.String)
+        .replace_strict(distinct, cleaned, default=None, return_dtype=pl.String)
+        .cast(events.schema[ATTRIBUTES])
+    )
 
 
 def attribute_sets(key: pl.Expr) -> pl.Expr:
@@ -246,8 +267,8 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
     made text by :func:`raw_as_text` only where quoted, since formatting every row's datetime
     costs more than the rest of this pass) so that errors and the quarantine file can quote
     the offending values. The side information ends up in ``attributes`` as an
-    :func:`attribute_key` (text, from ``attributes`` or ``category``; null when the log has
-    neither).
+    :func:`attribute_key` (from ``attributes`` or ``category``; null when the log has
+    neither), to be passed through :func:`tidy_keys` once collected.
     """
     types = lf.collect_schema()
     aliases = {**{b: b for b in schema.behaviors}, **schema.behavior_aliases}

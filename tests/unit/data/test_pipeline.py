@@ -373,6 +373,37 @@ def test_fingerprint_is_stable_and_sees_data_and_settings(tmp_path):
     )
 
 
+@pytest.mark.parametrize("partition_rows", [SETTINGS.partition_rows, 1_000])
+def test_category_text_is_cleaned_once_per_value(tmp_path, partition_rows):
+    # surrounding whitespace is stripped and an empty category is none, in memory and through
+    # work files: the padded log prepares into the same data as the clean one
+    events = synthetic()
+    blank = events[CATEGORY] == events[CATEGORY][0]
+    clean = events.with_columns(pl.when(blank).then(None).otherwise(pl.col(CATEGORY)))
+    padded = events.with_columns(
+        pl.when(blank).then(pl.lit(" ")).otherwise(" " + pl.col(CATEGORY) + "\t")
+    )
+    settings = replace(SETTINGS, partition_rows=partition_rows)
+    prepare(clean, tmp_path / "clean", settings)
+    prepare(padded, tmp_path / "padded", settings)
+    want, got = Vocab.load(tmp_path / "clean"), Vocab.load(tmp_path / "padded")
+    assert_frame_equal(got.attributes, want.attributes)
+    assert_frame_equal(got.items, want.items)
+    assert " " not in got.attributes["attribute"].str.join("")
+    assert_frame_equal(
+        pl.read_parquet(tmp_path / "padded" / SEQUENCES_FILE),
+        pl.read_parquet(tmp_path / "clean" / SEQUENCES_FILE),
+    )
+    # the same for the in-memory reader of scoring jobs
+    assert load_events(padded, SCHEMA)[ATTRIBUTES].to_list() == (
+        load_events(clean, SCHEMA)[ATTRIBUTES].to_list()
+    )
+    # a repeat that differs only by padding is a repeat
+    rows = [int((~blank).arg_true()[0]), 0]  # " Books\t" and " " repeat "Books" and null
+    stats = prepare(pl.concat([clean, padded[rows]]), tmp_path / "twice", settings)
+    assert stats["duplicates_removed"] == 2
+
+
 def test_rerun_replaces_the_folder(tmp_path):
     out = tmp_path / "prep"
     first = prepare(synthetic(seed=4), out)
@@ -440,11 +471,15 @@ def test_leave_one_out_with_single_event_users(tmp_path):
     np.testing.assert_array_equal(store.test_target[single], -1)
 
 
-def test_min_item_count_turns_rare_training_items_into_unk(tmp_path):
+@pytest.mark.parametrize("partition_rows", [SETTINGS.partition_rows, 1_000])
+def test_min_item_count_turns_rare_training_items_into_unk(tmp_path, partition_rows):
     events = synthetic()
-    stats = prepare(events, tmp_path / "prep", replace(SETTINGS, min_item_count=5))
+    settings = replace(SETTINGS, min_item_count=5, partition_rows=partition_rows)
+    stats = prepare(events, tmp_path / "prep", settings)
     vocab = Vocab.load(tmp_path / "prep")
     assert vocab.items["train_count"].min() >= 5
+    # distinct items count every item, in the vocabulary or not
+    assert stats["items"] == events[ITEM].n_unique() > vocab.items.height
     store = SequenceStore.from_parquet(tmp_path / "prep" / SEQUENCES_FILE)
     in_train = np.concatenate(
         [

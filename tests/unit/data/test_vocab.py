@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from polars.testing import assert_frame_equal
+from polars.testing import assert_frame_equal, assert_series_equal
 
 from recsys.data.pipeline import load_events
 from recsys.data.synthetic import generate_events
@@ -208,6 +208,12 @@ def test_behavior_indices_follow_funnel_order(vocab):
         pl.LazyFrame({ITEM: ["a"] * 4, EVENT_TYPE: list(BEHAVIORS)}), behavior_column=EVENT_TYPE
     ).collect()
     assert out["behavior_index"].to_list() == [NUM_RESERVED + i for i in range(len(BEHAVIORS))]
+    # an Enum column (as prepared events carry) maps by name, whatever its category order
+    names = pl.Series(list(BEHAVIORS), dtype=pl.Enum(["teleport", *reversed(BEHAVIORS)]))
+    enum = vocab.encode(
+        pl.LazyFrame({ITEM: ["a"] * 4, EVENT_TYPE: names}), behavior_column=EVENT_TYPE
+    )
+    assert_series_equal(enum.collect()["behavior_index"], out["behavior_index"])
 
 
 @pytest.mark.parametrize("rows", [ROWS, MULTI_ROWS], ids=["one", "several"])
