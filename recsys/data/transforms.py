@@ -58,7 +58,8 @@ def in_event_order(events: pl.DataFrame) -> pl.DataFrame:
     - already in that order (per-user exports, such as the S3-Rec files): not sorted again
       (the sort it skips takes 1-2 s);
     - in time order, ties in input order (a log as it was recorded): a stable sort by user
-      alone gives the same order (10 M events: 0.7-0.8 s against 1.1-2.4 s for the three keys).
+      alone gives the same order (10 M events: 0.7-0.8 s against 1.1-2.4 s for the three keys),
+      done by :func:`_stable_by_user`.
 
     Contiguous because polars' per-user group-bys and windows walk runs of a sorted user
     column only when it is one chunk; on the ~100 chunks of a streamed read they hash every
@@ -73,12 +74,33 @@ def in_event_order(events: pl.DataFrame) -> pl.DataFrame:
         by_time.fill_null(True).all().alias("by_time"),
     ).row(0, named=True)
     if order["by_user"]:
-        ordered = events.rechunk().lazy()
+        ordered = events.rechunk()
     elif order["by_time"]:
-        ordered = events.lazy().sort(USER, maintain_order=True)
+        ordered = _stable_by_user(events)
     else:
         return events.lazy().pipe(sort_events).collect(engine="in-memory")
-    return ordered.pipe(sorted_by_user).collect(engine="in-memory")
+    return ordered.lazy().pipe(sorted_by_user).collect(engine="in-memory")
+
+
+def _stable_by_user(events: pl.DataFrame) -> pl.DataFrame:
+    """``events`` ordered by user, each user's rows in frame order (a stable sort by user).
+
+    The row order comes from a group-by of row positions, sorted by user: within a group
+    polars keeps the rows' order (documented for ``group_by``), and grouping the ids costs
+    less than sorting them (10 M events: 0.4 s against 0.65-0.7 s for a stable arg-sort)."""
+    position = "_position"
+    events = events.rechunk()  # a gather from one chunk: 3x faster than from a streamed read's
+    order = (
+        events.lazy()
+        .select(USER, pl.int_range(pl.len(), dtype=pl.get_index_type()).alias(position))
+        .group_by(USER)
+        .agg(position)
+        .sort(USER)
+        .select(pl.col(position).explode())
+        .collect(engine="in-memory")
+        .to_series()
+    )
+    return events[order]
 
 
 def sorted_by_user(lf: pl.LazyFrame) -> pl.LazyFrame:

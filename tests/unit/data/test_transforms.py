@@ -194,6 +194,9 @@ def test_in_event_order_of_a_time_ordered_log_keeps_ties_in_input_order():
     # stable sort by user alone must give exactly sort_events' order
     events = numbered_log(600, lambda i: f"u{(i * 7) % 11}", lambda i: i // 4)
     assert_frame_equal(transforms.in_event_order(events), run(transforms.sort_events, events))
+    # large enough for polars to group in parallel threads
+    many = numbered_log(300_000, lambda i: f"u{(i * 7919) % 5003}", lambda i: i // 3)
+    assert_frame_equal(transforms.in_event_order(many), run(transforms.sort_events, many))
     # one tie out of input order: no longer "time-ordered", still sorted correctly
     swapped = events[[1, 0, *range(2, events.height)]]
     assert_frame_equal(transforms.in_event_order(swapped), run(transforms.sort_events, events))
