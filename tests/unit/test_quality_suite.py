@@ -68,6 +68,15 @@ def test_table_shows_mean_and_spread_over_seeds_and_the_baselines_once():
     assert low_pass[8] == "9.0, 10.0 (2 of 3 seeds; the others never)"
 
 
+def test_a_variant_compares_with_the_published_number_of_its_model():
+    results = [
+        fake_result("atrank_bsarec", 0, 0.06, 0.10, reached=None),
+        fake_result("atrank_bsarec_ema", 0, 0.06, 0.10, reached=None),
+    ]
+    *_, plain, averaged = rows(quality_suite.table(results))
+    assert averaged[6] == plain[6] == "0.0611 (BSARec repo, P1, one run)"
+
+
 def test_table_names_the_loss_the_run_trained_with():
     """An experiment config can swap the loss (Taobao's CE rows use a sampled softmax): the row
     says so; a JSON from before the ``loss`` field keeps the model's label."""
