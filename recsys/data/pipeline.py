@@ -371,9 +371,9 @@ def _prepare(
     try:
         parts.distribute(
             typed.with_columns(_row_hash(typed.collect_schema().names())).with_columns(
-                # attribute keys hashed by their text (a Categorical's hash is its value's,
-                # whatever its code), event types by their Enum code (the configured behaviour
-                # order); keys carried as codes: gathers 10-15x cheaper than text
+                # attribute keys hashed by their text (a Categorical hashes its value, not its
+                # code), event types by their Enum code (the configured behaviour order); keys
+                # carried as codes: gathers 10-15x cheaper than text
                 pl.col(ATTRIBUTES).cast(pl.Categorical)
             ),
             "typed",
