@@ -375,7 +375,7 @@ def test_fingerprint_is_stable_and_sees_data_and_settings(tmp_path):
 
 @pytest.mark.parametrize("partition_rows", [SETTINGS.partition_rows, 1_000])
 def test_category_text_is_cleaned_once_per_value(tmp_path, partition_rows):
-    # surrounding whitespace is stripped and an empty category is none, in memory and through
+    # surrounding whitespace is stripped and a blank category is null, in memory and through
     # work files: the padded log prepares into the same data as the clean one
     events = synthetic()
     blank = events[CATEGORY] == events[CATEGORY][0]
@@ -399,7 +399,7 @@ def test_category_text_is_cleaned_once_per_value(tmp_path, partition_rows):
         load_events(clean, SCHEMA)[ATTRIBUTES].to_list()
     )
     # a repeat that differs only by padding is a repeat
-    rows = [int((~blank).arg_true()[0]), 0]  # " Books\t" and " " repeat "Books" and null
+    rows = [int((~blank).arg_true()[0]), 0]  # padded and blank: repeat a category and a null
     stats = prepare(pl.concat([clean, padded[rows]]), tmp_path / "twice", settings)
     assert stats["duplicates_removed"] == 2
 
