@@ -213,7 +213,7 @@ def attribute_key(
     A single category (no separator) is its own key, as a ``Categorical`` read as it is:
     :func:`tidy_keys` cleans it once per distinct value after the read (``" Shoes "`` ->
     ``"Shoes"``; ``""`` -> null), where cleaning every row's text took a third of the read
-    pass (1 M events: ~0.03 s of ~0.09 s).
+    pass (1 M events, measured ad hoc with a training on the other core: 0.098 s -> 0.065 s).
     """
     scalar = dtype in (pl.String, pl.Categorical, pl.Null) or dtype.is_numeric()
     if scalar and not separator:
