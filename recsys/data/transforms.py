@@ -53,7 +53,7 @@ def sort_events(lf: pl.LazyFrame) -> pl.LazyFrame:
 def in_event_order(events: pl.DataFrame) -> pl.DataFrame:
     """``events`` (with ``_row``) in :func:`sort_events` order, in one contiguous chunk.
 
-    Two common orders are checked first (three shifted columns, 0.04 s on 10 M events):
+    Two common orders are checked first (shifted columns, 0.04-0.08 s on 10 M events):
 
     - already in that order (per-user exports, such as the S3-Rec files): not sorted again
       (the sort it skips takes 1-2 s);
@@ -69,13 +69,19 @@ def in_event_order(events: pl.DataFrame) -> pl.DataFrame:
     same_time_later_row = (ts == ts.shift(1)) & (row > row.shift(1))
     by_time = (ts > ts.shift(1)) | same_time_later_row
     by_user = (user > user.shift(1)) | ((user == user.shift(1)) & by_time)
-    order = events.select(
-        by_user.fill_null(True).all().alias("by_user"),
-        by_time.fill_null(True).all().alias("by_time"),
-    ).row(0, named=True)
-    if order["by_user"]:
+
+    def holds(condition: pl.Expr) -> bool:
+        return events.select(condition.fill_null(True).all()).item()
+
+    # With users in order, a log is in event order exactly when each user's events are in
+    # time order; with users out of order only the time order can hold. Series.is_sorted
+    # stops at the first user out of order, so a time-ordered log skips the user check
+    # (10 M events: 0.04 s of 0.08).
+    if events[USER].is_sorted():
+        if not holds(by_user):
+            return events.lazy().pipe(sort_events).collect(engine="in-memory")
         ordered = events.rechunk()
-    elif order["by_time"]:
+    elif holds(by_time):
         ordered = _stable_by_user(events)
     else:
         return events.lazy().pipe(sort_events).collect(engine="in-memory")
@@ -96,11 +102,12 @@ def _stable_by_user(events: pl.DataFrame) -> pl.DataFrame:
         .group_by(USER)
         .agg(position)
         .sort(USER)
-        .select(pl.col(position).explode())
+        .explode(position)
         .collect(engine="in-memory")
-        .to_series()
     )
-    return events[order]
+    # the exploded user ids are the ordered user column already: gather only the others
+    others = events.drop(USER)[order[position]]
+    return others.insert_column(events.get_column_index(USER), order[USER])
 
 
 def sorted_by_user(lf: pl.LazyFrame) -> pl.LazyFrame:
