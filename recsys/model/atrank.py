@@ -409,6 +409,38 @@ class ATRank(nn.Module):
             keys = self.item_keys()
         return query @ keys.T + (self.item_bias + self.never_recommended)  # (..., I)
 
+    @property
+    def predicts_attributes(self) -> bool:
+        """Whether :meth:`score_attributes` applies: the keys end with the attribute bag."""
+        return not self.config["key_projection"] and self.embedding.attribute_dim > 0
+
+    def score_attributes(self, query: torch.Tensor) -> torch.Tensor:
+        """Score every attribute for each query with the attribute part of the query: an item's
+        key ends with the mean of its attribute vectors, so ``query · key`` is the item part's
+        score plus the mean of these attribute scores (the auxiliary ``attribute_softmax`` loss
+        trains them directly).
+
+        Shapes: query (..., D) -> (..., num_attributes); PAD and UNK columns are -inf.
+        """
+        embedding = self.embedding
+        if not self.predicts_attributes:
+            raise ValueError(
+                "attribute scores need keys that end with the attribute bag: set "
+                "model.key_projection=false and model.attribute_dim > 0 (or drop "
+                "training.attribute_loss_weight)"
+            )
+        # the attribute vectors as they enter the keys (stored scale, then the keys' factor)
+        table = self.target_projection(
+            embedding.attribute_embedding.weight * embedding.attribute_scale
+        )  # (N, attribute_dim)
+        scores = query[..., -embedding.attribute_dim :] @ table.T  # (..., N)
+        reserved = torch.arange(NUM_RESERVED, device=scores.device)  # PAD, UNK
+        return scores.index_fill(-1, reserved, -math.inf)
+
+    def item_attribute_sets(self, items: torch.Tensor) -> torch.Tensor:
+        """Shapes: items (...) long -> (..., A) attribute indices, PAD padded."""
+        return self.embedding.item_attributes[items]
+
     def score_candidates(self, query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Retrieval scores ``query · key + bias`` of chosen items only (sampled losses, sampled
         metrics), without building the whole key table.

@@ -10,6 +10,8 @@ Training objective (``objective``):
   ``sampled_softmax`` / ``bce`` / ``gbce`` against ``num_negatives`` sampled items. With
   ``rerank_top_n > 1`` a re-rank loss trains the target-attention head on the last position:
   a softmax over the true next item and the retrieval stage's top ``rerank_top_n - 1`` others.
+  With ``attribute_loss_weight > 0`` (encoders with an attribute bag in their keys: ATRank) the
+  trained positions also predict their target item's attributes (``attribute_softmax``).
 - ``target_attention`` (ATRank's reference code): the last position's next item and
   ``num_negatives`` sampled items are scored by the target-attention head (candidate as the
   query over the history); a sampled loss, typically ``bce`` with one negative.
@@ -85,6 +87,7 @@ class SeqRecModule(pl.LightningModule):
         metric_ks: Sequence[int] = (5, 10, 20),
         rerank_top_n: int = 0,
         rerank_loss_weight: float = 0.5,
+        attribute_loss_weight: float = 0.0,
         seen_items: str = "keep",
         sampled_metrics: Mapping[str, Any] | None = None,
         checkpoint_extra: dict | None = None,
@@ -102,6 +105,21 @@ class SeqRecModule(pl.LightningModule):
             raise ValueError(
                 f"rerank_top_n={rerank_top_n} and rerank_loss_weight={rerank_loss_weight} "
                 "must be >= 0"
+            )
+        if not (isinstance(attribute_loss_weight, (int, float)) and attribute_loss_weight >= 0):
+            raise ValueError(
+                f"training.attribute_loss_weight={attribute_loss_weight!r} must be a number >= 0 "
+                "(0: off)"
+            )
+        if attribute_loss_weight > 0 and (
+            objective != "retrieval" or not getattr(encoder, "predicts_attributes", False)
+        ):
+            raise ValueError(
+                "training.attribute_loss_weight > 0 trains the retrieval query to predict the "
+                f"target's attributes: it needs objective=retrieval (got {objective!r}) and an "
+                f"encoder whose keys end with an attribute bag (got {type(encoder).__name__}; "
+                "use model=atrank with model.attribute_dim > 0 and model.key_projection=false), "
+                "or set it to 0"
             )
         if not metric_ks or min(metric_ks) < 1:
             raise ValueError(f"metric_ks={list(metric_ks)} must be positive cutoffs")
@@ -137,6 +155,7 @@ class SeqRecModule(pl.LightningModule):
         self.metric_ks = tuple(int(k) for k in metric_ks)
         self.rerank_top_n = rerank_top_n
         self.rerank_loss_weight = rerank_loss_weight
+        self.attribute_loss_weight = float(attribute_loss_weight)
         self.seen_items = seen_items
         self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
         self.checkpoint_extra = dict(checkpoint_extra or {})
@@ -153,6 +172,7 @@ class SeqRecModule(pl.LightningModule):
                 "metric_ks": list(self.metric_ks),
                 "rerank_top_n": rerank_top_n,
                 "rerank_loss_weight": rerank_loss_weight,
+                "attribute_loss_weight": attribute_loss_weight,
                 "seen_items": seen_items,
                 "sampled_metrics": dict(sampled_metrics or {}),
             }
@@ -194,7 +214,8 @@ class SeqRecModule(pl.LightningModule):
         shape = (self.num_negatives,) if self.shared_negatives else (rows, self.num_negatives)
         return self.sampler.sample(shape, device=self.device)
 
-    def _retrieval_loss(self, output, batch: SeqBatch) -> torch.Tensor:
+    def _trained_positions(self, batch: SeqBatch) -> torch.Tensor:
+        """(B, T) bool: the positions whose next item the retrieval objective trains."""
         has_target = batch.target_item > UNK_IDX  # (B, T); UNK targets cannot be learned
         if not getattr(self.encoder, "causal", True):
             # a non-causal encoder sees position t+1 from position t: only the last position's
@@ -204,6 +225,10 @@ class SeqRecModule(pl.LightningModule):
             )
         if self.behavior_weight is not None:  # weight 0: not a target of this objective
             has_target = has_target & (self._target_weight(batch.target_behavior) > 0)
+        return has_target
+
+    def _retrieval_loss(self, output, batch: SeqBatch) -> torch.Tensor:
+        has_target = self._trained_positions(batch)
         weight = self._target_weight(batch.target_behavior[has_target])
         hidden = output.hidden[has_target]  # (M, D)
         target = batch.target_item[has_target]  # (M,)
@@ -213,6 +238,15 @@ class SeqRecModule(pl.LightningModule):
         positive = self.encoder.score_candidates(hidden, target[:, None])[:, 0]
         negatives = self.encoder.score_candidates(hidden, negative_items)
         return self._sampled_loss(positive, negatives, target, negative_items, weight)
+
+    def _attribute_loss(self, output, batch: SeqBatch) -> torch.Tensor:
+        has_target = self._trained_positions(batch)
+        target = batch.target_item[has_target]  # (M,)
+        return losses.attribute_softmax(
+            self.encoder.score_attributes(output.hidden[has_target]),
+            self.encoder.item_attribute_sets(target),
+            self._target_weight(batch.target_behavior[has_target]),
+        )
 
     def _target_attention_loss(self, output, batch: SeqBatch) -> torch.Tensor:
         target = batch.target_item[:, -1]  # (B,) the next item after the most recent event
@@ -244,6 +278,16 @@ class SeqRecModule(pl.LightningModule):
             on_step=False,
             on_epoch=True,
         )
+        if self.attribute_loss_weight > 0:
+            attribute = self._attribute_loss(output, batch)
+            self.log(
+                "train/attribute_loss",
+                attribute,
+                batch_size=len(batch),
+                on_step=False,
+                on_epoch=True,
+            )
+            loss = loss + self.attribute_loss_weight * attribute
         if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
             rerank = self._rerank_loss(output, batch)
             self.log(

@@ -27,6 +27,31 @@ def test_full_softmax_matches_hand_computed_cross_entropy():
     assert weighted.item() == pytest.approx((row0 + 3 * row1) / 4, rel=1e-6)
 
 
+def test_attribute_softmax_matches_the_worked_example():
+    # columns: PAD, UNK, a1, a2, a3; scores [0, ln 2, 0] over the real ones
+    logits = torch.tensor(
+        [
+            [-math.inf, -math.inf, 0.0, math.log(2.0), 0.0],
+            [-math.inf, -math.inf, 0.0, 0.0, 0.0],
+            [-math.inf, -math.inf, 5.0, 0.0, 0.0],
+        ]
+    )
+    attributes = torch.tensor([[2, 3, 0], [4, 1, 0], [1, 0, 0]])  # {a1, a2}, {a3, UNK}, {UNK}
+    row0 = -(math.log(1 / 4) + math.log(2 / 4)) / 2  # the module docstring's 1.0397
+    row1 = math.log(3.0)  # UNK ignored: one real attribute of three equal scores
+    assert row0 == pytest.approx(1.0397, abs=1e-4)
+    # the third row has no real attribute: left out of the mean
+    got = losses.attribute_softmax(logits, attributes)
+    assert got.item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+    weighted = losses.attribute_softmax(logits, attributes, torch.tensor([1.0, 3.0, 100.0]))
+    assert weighted.item() == pytest.approx((row0 + 3 * row1) / 4, rel=1e-6)
+    assert losses.attribute_softmax(logits[2:], attributes[2:]).item() == 0.0
+    # finite gradients despite the -inf columns
+    trainable = logits.clone().requires_grad_()
+    losses.attribute_softmax(trainable, attributes).backward()
+    assert torch.isfinite(trainable.grad).all()
+
+
 def test_bce_matches_the_worked_example_and_sums_negatives():
     positive = torch.tensor([2.0])
     assert losses.bce(positive, torch.tensor([[0.0]])).item() == pytest.approx(

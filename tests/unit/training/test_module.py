@@ -87,8 +87,9 @@ def train_loss(m: SeqRecModule, b: SeqBatch) -> torch.Tensor:
         {"loss": "gbce", "num_negatives": 4, "gbce_t": 0.75},
         {"loss": "bce", "num_negatives": 1, "objective": "target_attention"},
         {"loss": "full_softmax", "rerank_top_n": 20, "rerank_loss_weight": 0.5},
+        {"loss": "full_softmax", "attribute_loss_weight": 0.5},
     ],
-    ids=["ce", "ssm-pop", "ssm-rows", "bce", "gbce", "target-attention", "ce+rerank"],
+    ids=["ce", "ssm-pop", "ssm-rows", "bce", "gbce", "target-attention", "ce+rerank", "ce+attr"],
 )
 def test_every_objective_and_loss_trains(kwargs):
     m = module(**kwargs)
@@ -123,6 +124,35 @@ def test_behavior_weights_select_and_weigh_targets():
     torch.testing.assert_close(train_loss(m, b), expected)
 
 
+def test_attribute_loss_predicts_each_trained_targets_attributes():
+    enc = encoder()
+    sets = torch.zeros(NUM_ITEMS, 1, dtype=torch.long)  # PAD: the PAD item has none
+    sets[2:, 0] = 2 + torch.arange(NUM_ITEMS - 2) % 3  # real items: one of attributes 2, 3, 4
+    sets[5, 0] = 1  # item 5: unknown attribute (UNK), not a target of the attribute loss
+    enc.set_item_attributes(sets)
+    m, b = module(enc, attribute_loss_weight=0.5), batch()
+    output = m(b)
+    real = b.target_item > 1
+    hidden, target = output.hidden[real], b.target_item[real]
+    ce = torch.nn.functional.cross_entropy(m.encoder.score_items(hidden), target)
+    # by hand: the attribute part of each query (the last attribute_dim channels) against the
+    # attribute table at the keys' scale, softmax over the 3 real attributes
+    emb = enc.embedding
+    attr_dim = emb.attribute_dim
+    key_factor = emb.feature_dim**-0.5  # keys are the features times this (no F_target)
+    table = emb.attribute_embedding.weight * emb.attribute_scale * key_factor
+    logits = hidden[:, -attr_dim:] @ table[2:].T  # (M, 3)
+    known = sets[target, 0] >= 2
+    attribute = torch.nn.functional.cross_entropy(logits[known], sets[target, 0][known] - 2)
+    torch.testing.assert_close(train_loss(m, b), ce + 0.5 * attribute)
+    # an item's score is the item part plus its attribute's score: the same attribute vectors
+    items = torch.cat([torch.arange(2, 5), torch.arange(6, NUM_ITEMS)])  # item 5's is UNK: -inf
+    item_part = hidden[:, :-attr_dim] @ (emb.item_embedding.weight[items] * emb.item_scale).T
+    item_part = item_part * key_factor
+    attribute_part = m.encoder.score_attributes(hidden)[:, sets[items, 0]]
+    torch.testing.assert_close(m.encoder.score_items(hidden)[:, items], item_part + attribute_part)
+
+
 def test_non_causal_encoder_trains_its_last_position_only():
     m, b = module(encoder(causal=False)), batch()
     output = m(b)
@@ -143,11 +173,35 @@ def test_non_causal_encoder_trains_its_last_position_only():
         ({"behavior_weights": {"view": 0.0}}, "not all 0"),
         ({"seen_items": "drop"}, "seen_items='drop'"),
         ({"sampled_metrics": {"num_negatives": 100_000}}, "num_negatives=100000"),
+        ({"attribute_loss_weight": -1.0}, "attribute_loss_weight=-1.0"),
+        (
+            {"attribute_loss_weight": 1.0, "objective": "target_attention", "loss": "bce"},
+            "needs objective=retrieval",
+        ),
     ],
 )
 def test_bad_settings_name_the_option(kwargs, message):
     with pytest.raises(ValueError, match=re_escape(message)):
         module(**kwargs)
+
+
+def test_attribute_loss_needs_attributes_in_the_keys():
+    sasrec = SASRec(num_items=NUM_ITEMS, max_seq_len=6, d_model=8, num_heads=2, num_layers=1)
+    with pytest.raises(ValueError, match="use model=atrank"):
+        module(sasrec, attribute_loss_weight=1.0)
+    items_only = ATRank(
+        num_items=NUM_ITEMS,
+        num_attributes=5,
+        num_behaviors=5,
+        num_time_buckets=6,
+        max_seq_len=6,
+        d_model=8,
+        attribute_dim=0,
+    )
+    with pytest.raises(ValueError, match="attribute_dim > 0"):
+        module(items_only, attribute_loss_weight=1.0)
+    with pytest.raises(ValueError, match="attribute_dim > 0"):
+        items_only.score_attributes(torch.zeros(1, 8))
 
 
 def re_escape(text: str) -> str:
