@@ -22,9 +22,9 @@ NUM_ITEMS = 30
 BEHAVIORS = ["view", "cart", "purchase"]  # indices 2, 3, 4
 
 
-def encoder(causal: bool = True) -> ATRank:
+def encoder(causal: bool = True, **overrides) -> ATRank:
     torch.manual_seed(0)
-    return ATRank(
+    settings = dict(
         num_items=NUM_ITEMS,
         num_attributes=5,
         num_behaviors=2 + len(BEHAVIORS),
@@ -36,6 +36,7 @@ def encoder(causal: bool = True) -> ATRank:
         dropout=0.0,
         causal=causal,
     )
+    return ATRank(**{**settings, **overrides})
 
 
 def batch(seed: int = 0) -> SeqBatch:
@@ -189,15 +190,7 @@ def test_attribute_loss_needs_attributes_in_the_keys():
     sasrec = SASRec(num_items=NUM_ITEMS, max_seq_len=6, d_model=8, num_heads=2, num_layers=1)
     with pytest.raises(ValueError, match="use model=atrank"):
         module(sasrec, attribute_loss_weight=1.0)
-    items_only = ATRank(
-        num_items=NUM_ITEMS,
-        num_attributes=5,
-        num_behaviors=5,
-        num_time_buckets=6,
-        max_seq_len=6,
-        d_model=8,
-        attribute_dim=0,
-    )
+    items_only = encoder(attribute_dim=0)
     with pytest.raises(ValueError, match="attribute_dim > 0"):
         module(items_only, attribute_loss_weight=1.0)
     with pytest.raises(ValueError, match="attribute_dim > 0"):
