@@ -67,6 +67,9 @@ SEEN_ITEMS_WORDS = {
 def _evaluation_module(
     cfg: DictConfig, encoder: torch.nn.Module, vocab: Vocab, **overrides
 ) -> SeqRecModule:
+    # evaluation only: no optimiser, and no auxiliary training loss (which the baselines,
+    # having no attributes, could not take)
+    overrides = {"attribute_loss_weight": 0.0, **overrides}
     return instantiate(cfg.training, _partial_=True)(
         encoder=encoder, optimizer=None, scheduler=None, **data_arguments(vocab), **overrides
     )

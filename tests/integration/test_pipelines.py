@@ -339,6 +339,21 @@ def test_weight_averaging_checkpoint_holds_the_validated_average(make_config):
     assert make_config("config", TINY).callbacks.weight_averaging is None  # off by default
 
 
+def test_attribute_loss_trains_and_evaluates_beside_the_baselines(make_config):
+    """training.attribute_loss_weight through the real tasks: the checkpoint records it, and
+    the evaluation (whose popularity and transition baselines have no attributes) runs."""
+    import torch
+
+    overrides = [*TINY, "logger=none", "trainer.max_epochs=1", "training.attribute_loss_weight=0.5"]
+    cfg = make_config("config", overrides)
+    trained = train.run(cfg)
+    best = torch.load(trained.checkpoint, map_location="cpu", weights_only=False)
+    assert best["hyper_parameters"]["attribute_loss_weight"] == 0.5
+    test = evaluate.run(cfg, trained.checkpoint, prepared_dir=trained.prepared_dir)
+    expected = {"test/ndcg_at_10", "test/popularity_ndcg_at_10", "test/transition_ndcg_at_10"}
+    assert expected <= set(test)
+
+
 def test_faithful_preset_trains_on_every_prefix(make_config):
     """data.loader.train_samples=prefixes: the non-causal reference encoder learns from every
     training target (one row each), through the real training task."""
