@@ -52,6 +52,13 @@ def apply_seen_policy(scores: torch.Tensor, history: torch.Tensor, policy: str) 
     raise ValueError(f"seen_items={policy!r} is not supported: choose one of {SEEN_POLICIES}")
 
 
+def seen_mask(scores: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+    """(B, I) bool: True at the real items of each row's ``history`` (B, T)."""
+    seen = torch.zeros_like(scores, dtype=torch.bool).scatter(1, history, True)
+    seen[:, :NUM_RESERVED] = False
+    return seen
+
+
 def retrieval_scores(
     model: torch.nn.Module, output: EncoderOutput, *, exclude: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -68,10 +75,13 @@ def two_stage(
     rerank_top_n: int,
     exclude: torch.Tensor | None = None,
     scores: torch.Tensor | None = None,
+    fixed: torch.Tensor | None = None,
 ) -> Ranking:
     """Rank ``max(top_k, rerank_top_n)`` items per row; the first ``rerank_top_n`` retrieved
     are re-ordered by ``model.rerank_scores`` (0 turns stage 2 off). ``scores`` (B, I): stage
-    1 scores already computed (and adjusted), instead of ``retrieval_scores(..., exclude)``."""
+    1 scores already computed (and adjusted), instead of ``retrieval_scores(..., exclude)``.
+    ``fixed`` (B, I) bool: items whose stage-1 score a rule set (the history under
+    ``seen_items=zero``: score 0) keep it in stage 2 too, as excluded (-inf) ones do."""
     if top_k < 1 or rerank_top_n < 0:
         raise ValueError(f"top_k={top_k} must be >= 1 and rerank_top_n={rerank_top_n} >= 0")
     if scores is None:
@@ -80,7 +90,8 @@ def two_stage(
     top_scores, top_items = scores.topk(depth, dim=1)  # (B, depth)
     reranked = torch.zeros_like(top_items, dtype=torch.bool)
     n = min(rerank_top_n, depth)
-    top_items, top_scores = rerank_head(model, output, top_items, top_scores, n)
+    keep = None if fixed is None else fixed.gather(1, top_items)
+    top_items, top_scores = rerank_head(model, output, top_items, top_scores, n, keep=keep)
     reranked[:, :n] = True
     return Ranking(items=top_items, scores=top_scores, reranked=reranked)
 
@@ -91,16 +102,21 @@ def rerank_head(
     items: torch.Tensor,
     scores: torch.Tensor,
     n: int,
+    keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 2: re-order the first ``n`` of ``items`` (B, D), retrieved best first with
     ``scores`` (B, D), by ``model.rerank_scores``; the rest keep their retrieval order.
-    ``-inf`` candidates (excluded, none left) stay at the bottom."""
+    ``-inf`` candidates (excluded, none left) stay at the bottom, and candidates marked in
+    ``keep`` (B, D) bool keep their stage-1 score (a rule's, e.g. a seen item's 0)."""
     n = min(n, items.shape[1])
     if n <= 0:
         return items, scores
     head = items[:, :n]  # (B, N)
     head_scores = model.rerank_scores(output, head)
-    head_scores = torch.where(torch.isneginf(scores[:, :n]), -torch.inf, head_scores)
+    stands = torch.isneginf(scores[:, :n])
+    if keep is not None:
+        stands = stands | keep[:, :n]
+    head_scores = torch.where(stands, scores[:, :n], head_scores)
     order = head_scores.argsort(dim=1, descending=True, stable=True)
     items = torch.cat([head.gather(1, order), items[:, n:]], dim=1)
     scores = torch.cat([head_scores.gather(1, order), scores[:, n:]], dim=1)

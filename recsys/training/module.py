@@ -43,7 +43,7 @@ from torch import nn
 
 from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
-from recsys.retrieval.ranker import SEEN_POLICIES, apply_seen_policy, two_stage
+from recsys.retrieval.ranker import SEEN_POLICIES, apply_seen_policy, seen_mask, two_stage
 from recsys.schema import NUM_RESERVED, UNK_IDX
 from recsys.training import losses
 from recsys.training.metrics import (
@@ -328,8 +328,16 @@ class SeqRecModule(pl.LightningModule):
             ).items()
         }
         depth = max(self.metric_ks)
+        # seen items scored 0 by the policy keep that score when re-ranked: the P1 rule
+        # applies to the ranking users get, not to stage 1 only
+        fixed = seen_mask(raw, batch.item) if self.seen_items == "zero" else None
         ranking = two_stage(
-            self.encoder, output, top_k=depth, rerank_top_n=self.rerank_top_n, scores=scores
+            self.encoder,
+            output,
+            top_k=depth,
+            rerank_top_n=self.rerank_top_n,
+            scores=scores,
+            fixed=fixed,
         )
         if self.rerank_top_n:
             ranks = rank_in_list(ranking.items, batch.target_item)

@@ -18,7 +18,7 @@ from recsys.data.vocab import Vocab
 from recsys.model.atrank import ATRank
 from recsys.model.sasrec import SASRec
 from recsys.retrieval.index import ExactIndex, chunked_topk, mask_items
-from recsys.retrieval.ranker import two_stage
+from recsys.retrieval.ranker import apply_seen_policy, seen_mask, two_stage
 from recsys.retrieval.rules import cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
 from recsys.tasks.score import recommend_frame
@@ -267,6 +267,40 @@ def test_two_stage_reorders_only_the_head_and_respects_exclusion(setup):
     assert ranking.reranked[:, :10].all() and not ranking.reranked[:, 10:].any()
     for row in range(8):
         assert not set(ranking.items[row].tolist()) & set(batch.item[row].tolist())
+
+
+def test_two_stage_keeps_the_score_a_rule_gave_seen_items(setup):
+    """seen_items=zero (P1): the history is scored 0, and re-ranking must not give those items
+    the model's score back. Every other item here scores far below 0, so the history fills
+    the head of the retrieval list."""
+    model, events = setup
+    store = SequenceStore.from_frame(
+        scoring_sequences(load_events(events, EventSchema()), vocab=model.vocab)
+    )
+    rows = TargetRows(
+        store,
+        store.lengths,
+        max_seq_len=12,
+        time_buckets=model.time_buckets,
+        has_target=False,
+        query_time=int(store.timestamp.max()),
+    )
+    batch = rows[list(range(8))]
+    with torch.no_grad():
+        output = model.encoder(*batch.model_inputs())
+        raw = model.encoder.score_items(output.query) - 100.0
+        scores = apply_seen_policy(raw, batch.item, "zero")
+        seen = seen_mask(raw, batch.item)
+        ranking = two_stage(
+            model.encoder, output, top_k=15, rerank_top_n=10, scores=scores, fixed=seen
+        )
+        unfixed = two_stage(model.encoder, output, top_k=15, rerank_top_n=10, scores=scores)
+    head_seen = seen.gather(1, ranking.items[:, :10])
+    assert head_seen.any()
+    assert (ranking.scores[:, :10][head_seen] == 0).all()
+    assert (ranking.scores[:, :10].diff(dim=1) <= 0).all()  # the head is in score order
+    # without the mask the model's re-rank scores replace the rule's 0
+    assert (unfixed.scores[:, :10][seen.gather(1, unfixed.items[:, :10])] != 0).any()
 
 
 def test_as_of_limits_history(setup):
