@@ -46,7 +46,7 @@ def apply_seen_policy(scores: torch.Tensor, history: torch.Tensor, policy: str) 
     if policy == "exclude":
         return exclude_items(scores, history)
     if policy == "zero":
-        zeroed = scores.scatter(1, history, 0.0)
+        zeroed = scores.masked_fill(seen_mask(scores, history), 0.0)
         zeroed[:, :NUM_RESERVED] = -math.inf
         return zeroed
     raise ValueError(f"seen_items={policy!r} is not supported: choose one of {SEEN_POLICIES}")

@@ -106,7 +106,11 @@ class SeqRecModule(pl.LightningModule):
                 f"rerank_top_n={rerank_top_n} and rerank_loss_weight={rerank_loss_weight} "
                 "must be >= 0"
             )
-        if not (isinstance(attribute_loss_weight, (int, float)) and attribute_loss_weight >= 0):
+        if (
+            isinstance(attribute_loss_weight, bool)
+            or not isinstance(attribute_loss_weight, (int, float))
+            or not 0 <= attribute_loss_weight < math.inf
+        ):
             raise ValueError(
                 f"training.attribute_loss_weight={attribute_loss_weight!r} must be a number >= 0 "
                 "(0: off)"

@@ -175,6 +175,7 @@ def test_non_causal_encoder_trains_its_last_position_only():
         ({"seen_items": "drop"}, "seen_items='drop'"),
         ({"sampled_metrics": {"num_negatives": 100_000}}, "num_negatives=100000"),
         ({"attribute_loss_weight": -1.0}, "attribute_loss_weight=-1.0"),
+        ({"attribute_loss_weight": math.inf}, "attribute_loss_weight=inf"),
         (
             {"attribute_loss_weight": 1.0, "objective": "target_attention", "loss": "bce"},
             "needs objective=retrieval",
