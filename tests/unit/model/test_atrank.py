@@ -297,6 +297,18 @@ def test_rerank_scores_and_attention() -> None:
     assert torch.equal(attention * ~padding_mask[:, None, :], torch.zeros(3, 4, 6))
 
 
+def test_untrained_rerank_head_scores_as_retrieval_does() -> None:
+    model = make_model()
+    with torch.no_grad():
+        model.item_bias.normal_()
+        output = model(*make_tokens([3, 6], seq_len=6))
+        candidates = torch.tensor([[2, 5, 9], [3, 4, 6]])
+        torch.testing.assert_close(
+            model.rerank_scores(output, candidates),
+            model.score_candidates(output.query, candidates),
+        )
+
+
 def test_rerank_score_does_not_depend_on_other_candidates() -> None:
     model = make_model()
     with torch.no_grad():
