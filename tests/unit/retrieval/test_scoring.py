@@ -242,8 +242,8 @@ def test_log_of_another_shop_is_refused(setup):
         _score(model, other)
 
 
-def test_two_stage_reorders_only_the_head_and_respects_exclusion(setup):
-    model, events = setup
+def first_rows(model, events, count: int):
+    """The scoring batch of the first ``count`` users' whole histories."""
     store = SequenceStore.from_frame(
         scoring_sequences(load_events(events, EventSchema()), vocab=model.vocab)
     )
@@ -255,7 +255,12 @@ def test_two_stage_reorders_only_the_head_and_respects_exclusion(setup):
         has_target=False,
         query_time=int(store.timestamp.max()),
     )
-    batch = rows[list(range(8))]
+    return rows[list(range(count))]
+
+
+def test_two_stage_reorders_only_the_head_and_respects_exclusion(setup):
+    model, events = setup
+    batch = first_rows(model, events, 8)
     with torch.no_grad():
         output = model.encoder(*batch.model_inputs())
         retrieval = model.encoder.score_items(output.query)
@@ -274,18 +279,7 @@ def test_two_stage_keeps_the_score_a_rule_gave_seen_items(setup):
     the model's score back. Every other item here scores far below 0, so the history fills
     the head of the retrieval list."""
     model, events = setup
-    store = SequenceStore.from_frame(
-        scoring_sequences(load_events(events, EventSchema()), vocab=model.vocab)
-    )
-    rows = TargetRows(
-        store,
-        store.lengths,
-        max_seq_len=12,
-        time_buckets=model.time_buckets,
-        has_target=False,
-        query_time=int(store.timestamp.max()),
-    )
-    batch = rows[list(range(8))]
+    batch = first_rows(model, events, 8)
     with torch.no_grad():
         output = model.encoder(*batch.model_inputs())
         raw = model.encoder.score_items(output.query) - 100.0
