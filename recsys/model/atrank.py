@@ -345,8 +345,8 @@ class ATRank(nn.Module):
         self.query_time_embedding = nn.Embedding(num_time_buckets, d_model, padding_idx=0)
         self.rerank_query = nn.Linear(d_model, d_model)
         self.rerank_output = nn.Linear(d_model, d_model)
-        # zero: the correction starts at 0, so an untrained head keeps the retrieval order (a
-        # random one cost Beauty's two-stage NDCG@10 half its value while it learned)
+        # zero: the correction starts at 0, so an untrained head keeps the retrieval order
+        # (scoring with retrieval.rerank_top_n on a checkpoint trained without the head)
         nn.init.zeros_(self.rerank_output.weight)
         nn.init.zeros_(self.rerank_output.bias)
 

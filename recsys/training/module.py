@@ -231,8 +231,7 @@ class SeqRecModule(pl.LightningModule):
             has_target = has_target & (self._target_weight(batch.target_behavior) > 0)
         return has_target
 
-    def _retrieval_loss(self, output, batch: SeqBatch) -> torch.Tensor:
-        has_target = self._trained_positions(batch)
+    def _retrieval_loss(self, output, batch: SeqBatch, has_target: torch.Tensor) -> torch.Tensor:
         weight = self._target_weight(batch.target_behavior[has_target])
         hidden = output.hidden[has_target]  # (M, D)
         target = batch.target_item[has_target]  # (M,)
@@ -243,8 +242,7 @@ class SeqRecModule(pl.LightningModule):
         negatives = self.encoder.score_candidates(hidden, negative_items)
         return self._sampled_loss(positive, negatives, target, negative_items, weight)
 
-    def _attribute_loss(self, output, batch: SeqBatch) -> torch.Tensor:
-        has_target = self._trained_positions(batch)
+    def _attribute_loss(self, output, batch: SeqBatch, has_target: torch.Tensor) -> torch.Tensor:
         target = batch.target_item[has_target]  # (M,)
         return losses.attribute_softmax(
             self.encoder.score_attributes(output.hidden[has_target]),
@@ -271,10 +269,12 @@ class SeqRecModule(pl.LightningModule):
 
     def training_step(self, batch: SeqBatch, batch_idx: int) -> torch.Tensor:
         output = self(batch)
+        trained = None
         if self.objective == "target_attention":
             loss = self._target_attention_loss(output, batch)
         else:
-            loss = self._retrieval_loss(output, batch)
+            trained = self._trained_positions(batch)  # (B, T), shared with the attribute loss
+            loss = self._retrieval_loss(output, batch, trained)
         self.log(
             f"train/{self.loss_name}_loss",
             loss,
@@ -283,7 +283,7 @@ class SeqRecModule(pl.LightningModule):
             on_epoch=True,
         )
         if self.attribute_loss_weight > 0:
-            attribute = self._attribute_loss(output, batch)
+            attribute = self._attribute_loss(output, batch, trained)  # retrieval objective only
             self.log(
                 "train/attribute_loss",
                 attribute,
@@ -334,7 +334,8 @@ class SeqRecModule(pl.LightningModule):
         depth = max(self.metric_ks)
         # seen items scored 0 by the policy keep that score when re-ranked: the P1 rule
         # applies to the ranking users get, not to stage 1 only
-        fixed = seen_mask(raw, batch.item) if self.seen_items == "zero" else None
+        zeroed = self.rerank_top_n and self.seen_items == "zero"
+        fixed = seen_mask(raw, batch.item) if zeroed else None
         ranking = two_stage(
             self.encoder,
             output,
