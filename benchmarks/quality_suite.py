@@ -6,6 +6,8 @@
     python -m benchmarks.quality_suite --datasets beauty --models atrank --seeds 2 --first-seed 1 \
         --json more.json                                     # add seeds 1 and 2 ...
     python -m benchmarks.quality_suite --table-from seed0.json more.json   # ... one table
+    python -m benchmarks.quality_suite --datasets ml1m --models atrank --seeds 1 \
+        --work-dir runs/ml1m     # kept runs: stop at any time, the same command continues
 
 Each run composes ``conf/config.yaml`` with ``experiment=<dataset>`` (data, protocol) and the
 entry's overrides (model, loss), trains with early stopping on validation NDCG@10 (Taobao:
@@ -214,11 +216,34 @@ def compose(dataset: str, model: Model, seed: int, run_dir: Path, extra: list[st
         return hydra_compose(config_name="config", overrides=overrides), overrides
 
 
+RESULT_FILE = "result.json"  # a finished run's result, in its folder
+COMMAND_FILE = "command.txt"  # what the folder's run was started with
+
+
 def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str]) -> dict:
+    """One run in ``work/<dataset>-<model>-<seed>``. In a kept work folder the suite can be
+    stopped and started again with the same command: a finished run's result is read back,
+    and an interrupted one continues from its last epoch (``resume=last``)."""
     from recsys.tasks import evaluate, train
 
     run_dir = work / f"{dataset}-{model.name}-{seed}"
-    cfg, overrides = compose(dataset, model, seed, run_dir, extra)
+    _, overrides = compose(dataset, model, seed, run_dir, extra)
+    command = "python -m pipelines.run " + shlex.join(o for o in overrides if "paths." not in o)
+    started_with = run_dir / COMMAND_FILE
+    if started_with.is_file() and started_with.read_text() != command:
+        raise ValueError(
+            f"{run_dir} holds a run started as\n  {started_with.read_text()}\nnot\n  {command}\n"
+            "pass another --work-dir (or delete that folder) to run these settings"
+        )
+    if (run_dir / RESULT_FILE).is_file():
+        log.info("%s finished earlier: its result is read from %s", run_dir.name, RESULT_FILE)
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    resume = ["resume=last"] if (run_dir / "checkpoints" / "last.ckpt").is_file() else []
+    if resume:
+        log.info("%s was interrupted: it continues from its last epoch", run_dir.name)
+    cfg, _ = compose(dataset, model, seed, run_dir, [*extra, *resume])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started_with.write_text(command)
     started = time.perf_counter()
     trained = train.run(cfg)
     # validation as well: the baselines' validation numbers show the gap the data itself has
@@ -230,21 +255,23 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
         for entry in trained.history or []
     ]
     reached = next((s for s, ndcg in curve if ndcg is not None and ndcg >= RECBOLE_NDCG), None)
-    return {
+    result = {
         "dataset": dataset,
         "model": model.name,
         "seed": seed,
         "loss": str(cfg.training.loss),
-        "command": "python -m pipelines.run "
-        + shlex.join(o for o in overrides if "paths." not in o),
+        "command": command,
         "test": metrics,
         "best_val": trained.best_val,
         "epochs": len(trained.history or []),
-        "train_seconds": trained.train_seconds,
-        "wall_seconds": time.perf_counter() - started,
+        "train_seconds": trained.train_seconds,  # every call's epochs, when resumed
+        "wall_seconds": time.perf_counter() - started,  # this call only
+        "resumed": bool(resume),
         "seconds_to_recbole_ndcg": reached,
         "history": trained.history,
     }
+    (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
+    return result
 
 
 def _spread(values: list[float]) -> str:
@@ -376,8 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         "--work-dir",
         type=Path,
         default=None,
-        help="keep the runs (checkpoints, prepared data) here; default: a temporary folder "
-        "removed at the end",
+        help="keep the runs (checkpoints, prepared data, results) here, so the same command "
+        "started again skips finished runs and continues interrupted ones from their last "
+        "epoch; default: a temporary folder removed at the end",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write every result here")
     parser.add_argument("--list", action="store_true", help="print the entries and exit")

@@ -11,7 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from recsys.checkpoint import checkpoint_extra, write_scoring_checkpoint
+from recsys.checkpoint import CHECKPOINT_KEY, checkpoint_extra, write_scoring_checkpoint
 from recsys.config import event_schema, to_container
 from recsys.data.datamodule import SeqRecDataModule
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
@@ -100,6 +100,58 @@ def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> Non
     )
 
 
+def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: str) -> Path | None:
+    """The checkpoint ``resume`` names (``None``: start fresh), checked against this run.
+
+    ``resume=last`` is the run folder's ``checkpoints/last.ckpt``, written after every
+    validation (``callbacks.last_checkpoint``), so a training that was interrupted (killed,
+    out of time) continues from its last finished epoch with ``paths.run_dir=<that run's
+    folder> resume=last``; any other value is a checkpoint path. Optimiser, scheduler, early
+    stopping, the best checkpoint so far, weight averaging and the training clock all
+    continue. The data and the encoder settings must be those the checkpoint was trained with.
+    """
+    value = cfg.get("resume")
+    if value is None:
+        return None
+    if str(value) == "last":
+        last = (cfg.callbacks or {}).get("last_checkpoint")
+        if last is None:
+            raise ValueError("resume=last needs callbacks.last_checkpoint (it writes last.ckpt)")
+        path = Path(last.dirpath) / f"{last.filename}.ckpt"
+        fix = (
+            "pass paths.run_dir=<the interrupted run's folder> (its checkpoints/last.ckpt is "
+            "written after every epoch), a checkpoint path, or drop resume to start fresh"
+        )
+    else:
+        path, fix = Path(str(value)), "give an existing checkpoint, or drop resume to start fresh"
+    if not path.is_file():
+        raise FileNotFoundError(f"resume={value}: checkpoint {path} does not exist: {fix}")
+    saved = torch.load(path, map_location="cpu", weights_only=False).get(CHECKPOINT_KEY)
+    if saved is None:
+        raise ValueError(f"resume={value}: {path} is not a recsys training checkpoint")
+    if saved["data_fingerprint"] != fingerprint:
+        raise ValueError(
+            f"resume={value}: {path} was trained on other data (fingerprint "
+            f"{saved['data_fingerprint']}, this run's data {fingerprint}): resume with the data "
+            "and data settings of the interrupted run, or drop resume to start fresh"
+        )
+    changed = {
+        k: (saved["encoder_config"].get(k), v)
+        for k, v in dict(encoder.config).items()
+        if saved["encoder_config"].get(k) != v
+    }
+    target = f"{type(encoder).__module__}.{type(encoder).__qualname__}"
+    if saved["encoder_target"] != target:
+        changed["encoder"] = (saved["encoder_target"], target)
+    if changed:
+        raise ValueError(
+            f"resume={value}: {path} holds another model (checkpoint -> this run: "
+            + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+            + "): resume with the model settings of the interrupted run"
+        )
+    return path
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
     pl.seed_everything(cfg.seed, workers=True)
     prepared_dir = Path(cfg.data.prepared_dir) if cfg.data.prepared_dir else prepare.run(cfg)
@@ -118,18 +170,22 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
             target_behaviors=trained_targets(cfg, datamodule.vocab),
         ),
     )
+    resume = resume_checkpoint(cfg, encoder, datamodule.stats["fingerprint"])
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
         tracker.set_tags({"data.fingerprint": datamodule.stats["fingerprint"], "task": "train"})
+        if resume is not None:
+            tracker.set_tags({"train.resumed_from": str(resume)})
+            log.info("resuming training from %s", resume)
         log_run_inputs(tracker, cfg, prepared_dir)
 
         # a callback set to null is off (callbacks.weight_averaging by default)
-        callbacks = [instantiate(c) for c in (cfg.callbacks or {}).values() if c is not None]
+        callbacks = {k: instantiate(c) for k, c in (cfg.callbacks or {}).items() if c is not None}
         trainer = instantiate(
-            cfg.trainer, logger=tracker.lightning_logger() or False, callbacks=callbacks
+            cfg.trainer, logger=tracker.lightning_logger() or False, callbacks=[*callbacks.values()]
         )
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
 
-        checkpoint_cb = trainer.checkpoint_callback
+        checkpoint_cb = callbacks.get("model_checkpoint")  # the best one (last_checkpoint: latest)
         if checkpoint_cb is None or not checkpoint_cb.best_model_path:
             raise RuntimeError("training produced no checkpoint: keep callbacks.model_checkpoint")
         best = Path(checkpoint_cb.best_model_path)
@@ -146,7 +202,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
         best_val = {} if best_score is None else {best_name: float(best_score)}
         tracker.log_metrics(best_val)
         log.info("best checkpoint %s (%s)", best, best_val)
-    clock = next((c for c in callbacks if isinstance(c, TrainingClock)), None)
+    clock = next((c for c in callbacks.values() if isinstance(c, TrainingClock)), None)
     return TrainResult(
         checkpoint=best,
         prepared_dir=prepared_dir,

@@ -29,6 +29,15 @@ class TrainingClock(pl.Callback):
         self.train_seconds = 0.0
         self.history: list[dict[str, float]] = []
         self._started: float | None = None
+        self._curve: dict[str, float] = {}
+
+    def state_dict(self) -> dict:
+        """Kept in checkpoints, so a resumed training (``resume=last``) continues the clock."""
+        return {"train_seconds": self.train_seconds, "history": list(self.history)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.train_seconds = float(state_dict["train_seconds"])
+        self.history = list(state_dict["history"])
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = time.perf_counter()
@@ -48,15 +57,8 @@ class TrainingClock(pl.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
-        entry = {"epoch": float(trainer.current_epoch), "train_seconds": self.train_seconds}
-        entry.update(
-            {
-                name: float(value)
-                for name, value in trainer.callback_metrics.items()
-                if name.startswith("val/")
-            }
-        )
         pl_module.log("time/train_seconds", self.train_seconds)
+        self._curve = {}
         if self.test_curve and trainer.datamodule is not None:
             totals = MeanAccumulator()
             with torch.no_grad():
@@ -65,6 +67,20 @@ class TrainingClock(pl.Callback):
                     totals.update(pl_module.evaluation_metrics(batch))
             for name, value in totals.compute().items():
                 if name.startswith(("ndcg_at", "hr_at")):
-                    entry[f"curve/test_{name}"] = value
+                    self._curve[f"curve/test_{name}"] = value
                     pl_module.log(f"curve/test_{name}", value)
-        self.history.append(entry)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # after every epoch-end hook (the module logs coverage in its own), before the
+        # checkpoint callbacks, which Lightning runs last: the saved clock holds this entry
+        if trainer.sanity_checking:
+            return
+        entry = {"epoch": float(trainer.current_epoch), "train_seconds": self.train_seconds}
+        entry.update(
+            {
+                name: float(value)
+                for name, value in trainer.callback_metrics.items()
+                if name.startswith("val/")
+            }
+        )
+        self.history.append({**entry, **self._curve})

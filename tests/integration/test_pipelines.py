@@ -336,7 +336,46 @@ def test_weight_averaging_checkpoint_holds_the_validated_average(make_config):
     )
     val = evaluate.run(cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, splits=("val",))
     assert val["val/ndcg_at_10"] == pytest.approx(trained.best_val["best/val_ndcg_at_10"], abs=1e-6)
+    # the epoch's history entry holds that epoch's metrics, coverage (logged last) included
+    best = max(trained.history, key=lambda entry: entry["val/ndcg_at_10"])
+    for name in ("val/ndcg_at_10", "val/coverage_at_10"):
+        assert best[name] == pytest.approx(val[name], abs=1e-6), name
     assert make_config("config", TINY).callbacks.weight_averaging is None  # off by default
+
+
+def test_interrupted_training_resumes_from_its_last_epoch(make_config):
+    """resume=last continues the run folder's last.ckpt: epochs, optimiser steps, the training
+    clock and the best checkpoint carry on from where the first call stopped; a checkpoint of
+    other data or another model is refused, naming the difference."""
+    import torch
+
+    ema = "callbacks.weight_averaging={_target_: pytorch_lightning.callbacks.EMAWeightAveraging}"
+    base = [*TINY, "logger=none", "callbacks.early_stopping.patience=50", ema]
+    first = train.run(make_config("config", [*base, "trainer.max_epochs=2"]))
+    last = first.checkpoint.parent / "last.ckpt"
+    steps = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    assert [e["epoch"] for e in first.history] == [0.0, 1.0]
+
+    resumed = train.run(make_config("config", [*base, "trainer.max_epochs=3", "resume=last"]))
+    assert [e["epoch"] for e in resumed.history] == [0.0, 1.0, 2.0]
+    assert resumed.history[:2] == first.history  # restored, not trained again
+    assert resumed.train_seconds > first.train_seconds
+    final = torch.load(last, map_location="cpu", weights_only=False)
+    assert final["global_step"] == steps * 3 // 2
+    assert final["epoch"] == 2
+    best_val = max(e["val/ndcg_at_10"] for e in resumed.history)
+    assert resumed.best_val["best/val_ndcg_at_10"] == pytest.approx(best_val)
+
+    again = [*base, "trainer.max_epochs=4", "resume=last"]
+    with pytest.raises(ValueError, match=r"holds another model .*d_model 16 -> 32"):
+        train.run(make_config("config", [*again, "model.d_model=32"]))
+    with pytest.raises(ValueError, match=r"another model .*encoder 'recsys.model.atrank.ATRank'"):
+        train.run(make_config("config", [*again, "model=sasrec", "model.d_model=16"]))
+    with pytest.raises(ValueError, match="was trained on other data"):
+        train.run(make_config("config", [*again, "data.source.num_users=160"]))
+    elsewhere = make_config("config", [*again, f"paths.run_dir={last.parents[2] / 'new'}"])
+    with pytest.raises(FileNotFoundError, match=r"checkpoints/last.ckpt does not exist: pass"):
+        train.run(elsewhere)
 
 
 def test_attribute_loss_trains_and_evaluates_beside_the_baselines(make_config):

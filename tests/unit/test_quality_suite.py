@@ -6,6 +6,7 @@ import json
 import tempfile
 
 import pytest
+import torch
 
 from benchmarks import quality_suite
 from tests.conftest import SHARED_DATA
@@ -191,6 +192,43 @@ def test_one_real_run_end_to_end_leaves_no_temporary_folder(tmp_path, capsys, mo
     # (torch may put its own cache there, torchinductor_<user>, when it is first imported here)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("recsys-quality-")] == []
     assert (tmp_path / "runs.json").exists()
+
+
+def test_a_kept_run_is_read_back_when_finished_and_continued_when_interrupted(
+    tmp_path, monkeypatch
+):
+    """--work-dir: the same command again reads a finished run's result, continues an
+    interrupted one from its last epoch (here: stopped between training and evaluation), and
+    refuses a folder started with other settings."""
+    from recsys.tasks import evaluate, train
+
+    model, extra = quality_suite.MODELS["sasrec_ce"], ["logger=none", "trainer.max_epochs=1"]
+    real_evaluate = evaluate.run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        quality_suite.run_one("tiny", model, 0, tmp_path, extra)
+    run_dir = tmp_path / "tiny-sasrec_ce-0"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert not (run_dir / quality_suite.RESULT_FILE).exists()
+    first_clock = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+
+    monkeypatch.setattr(evaluate, "run", real_evaluate)
+    result = quality_suite.run_one("tiny", model, 0, tmp_path, extra)
+    assert result["resumed"] and result["epochs"] == 1
+    clock = next(v for k, v in first_clock["callbacks"].items() if k == "TrainingClock")
+    assert result["train_seconds"] == clock["train_seconds"]  # no epoch trained again
+    assert "resume=" not in result["command"] and "test/ndcg_at_10" in result["test"]
+
+    monkeypatch.setattr(train, "run", interrupted)  # nothing is trained a third time
+    assert quality_suite.run_one("tiny", model, 0, tmp_path, extra) == json.loads(
+        json.dumps(result, default=str)
+    )
+    with pytest.raises(ValueError, match="holds a run started as"):
+        quality_suite.run_one("tiny", model, 0, tmp_path, [*extra, "model.dropout=0.1"])
 
 
 def test_run_column_is_a_command_line_a_shell_reads_back():
