@@ -7,7 +7,7 @@
         --json more.json                                     # add seeds 1 and 2 ...
     python -m benchmarks.quality_suite --table-from seed0.json more.json   # ... one table
     python -m benchmarks.quality_suite --datasets ml1m --models atrank --seeds 1 \
-        --work-dir runs/ml1m     # kept runs: stop at any time, the same command continues
+        --work-dir outputs/quality     # kept runs: stop at any time, the same command continues
 
 Each run composes ``conf/config.yaml`` with ``experiment=<dataset>`` (data, protocol) and the
 entry's overrides (model, loss), trains with early stopping on validation NDCG@10 (Taobao:
