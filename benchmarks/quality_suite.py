@@ -227,8 +227,10 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
     from recsys.tasks import evaluate, train
 
     run_dir = work / f"{dataset}-{model.name}-{seed}"
-    _, overrides = compose(dataset, model, seed, run_dir, extra)
-    command = "python -m pipelines.run " + shlex.join(o for o in overrides if "paths." not in o)
+    resume = ["resume=last"] if (run_dir / "checkpoints" / "last.ckpt").is_file() else []
+    cfg, overrides = compose(dataset, model, seed, run_dir, [*extra, *resume])
+    recipe = (o for o in overrides if not o.startswith(("paths.", "resume=")))
+    command = "python -m pipelines.run " + shlex.join(recipe)
     started_with = run_dir / COMMAND_FILE
     if started_with.is_file() and started_with.read_text() != command:
         raise ValueError(
@@ -238,10 +240,8 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
     if (run_dir / RESULT_FILE).is_file():
         log.info("%s finished earlier: its result is read from %s", run_dir.name, RESULT_FILE)
         return json.loads((run_dir / RESULT_FILE).read_text())
-    resume = ["resume=last"] if (run_dir / "checkpoints" / "last.ckpt").is_file() else []
     if resume:
         log.info("%s was interrupted: it continues from its last epoch", run_dir.name)
-    cfg, _ = compose(dataset, model, seed, run_dir, [*extra, *resume])
     run_dir.mkdir(parents=True, exist_ok=True)
     started_with.write_text(command)
     started = time.perf_counter()
