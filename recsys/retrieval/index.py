@@ -8,6 +8,9 @@
   chunk's top-K), and merges each chunk's top-K into a running top-K.
 - :class:`FaissIndex` (optional, ``pip install recsys[ann]``): an approximate HNSW or IVF
   inner-product index. The bias is folded in as one more dimension (``[q, 1] · [k, b]``).
+  Building it is the slow part (HNSW over 1 M items: ~100 s on 2 cores), so with a
+  ``cache_dir`` it is saved there and loaded by the next job with the same vectors and build
+  settings.
 
 Both drop ``blocked`` items (PAD, UNK, deny-listed, outside an allow-list) and each row's
 ``exclude`` items (e.g. what the user has seen). Rows with fewer than ``depth`` admissible items
@@ -19,10 +22,14 @@ popularity scores go through the same rules as the model's.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -134,6 +141,12 @@ class FaissIndex:
     or ``ivf`` (``nlist`` clusters, ``nprobe`` visited per query); ``flat`` is exact faiss
     (a reference for recall). Rows' ``exclude`` items are removed after the search, which asks
     for ``depth + T`` neighbours so that excluding up to T items still leaves ``depth``.
+
+    ``cache_dir``: where built indexes are kept, one file per content key — a hash of the
+    vectors (keys, bias), the admissible items and the build settings (``kind``, ``hnsw_m``,
+    ``ef_construction``, ``nlist``). A job whose key has a file loads it instead of building;
+    the query-time settings (``ef_search``, ``nprobe``) are applied after loading, so changing
+    them reuses the file. A file that cannot be read is rebuilt and replaced (with a warning).
     """
 
     def __init__(
@@ -149,6 +162,7 @@ class FaissIndex:
         nlist: int = 1024,
         nprobe: int = 32,
         threads: int | None = None,
+        cache_dir: str | Path | None = None,
     ) -> None:
         try:
             import faiss
@@ -164,24 +178,30 @@ class FaissIndex:
         self.ids = torch.nonzero(~blocked.cpu()).squeeze(1)  # faiss row -> item index
         vectors = torch.cat([keys.detach().cpu(), bias.detach().cpu()[:, None]], dim=1)
         vectors = np.ascontiguousarray(vectors[self.ids].numpy(), dtype=np.float32)
-        dim = vectors.shape[1]
-        metric = faiss.METRIC_INNER_PRODUCT
-        if kind == "flat":
-            index = faiss.IndexFlatIP(dim)
-        elif kind == "hnsw":
-            index = faiss.IndexHNSWFlat(dim, _check_positive("faiss.hnsw_m", hnsw_m), metric)
-            index.hnsw.efConstruction = _check_positive("faiss.ef_construction", ef_construction)
-            index.hnsw.efSearch = _check_positive("faiss.ef_search", ef_search)
+        if kind not in FAISS_KINDS:
+            raise ValueError(f"retrieval.faiss.kind={kind!r}: use one of {list(FAISS_KINDS)}")
+        build = {"kind": kind}
+        if kind == "hnsw":
+            build["hnsw_m"] = _check_positive("faiss.hnsw_m", hnsw_m)
+            build["ef_construction"] = _check_positive("faiss.ef_construction", ef_construction)
+            ef_search = _check_positive("faiss.ef_search", ef_search)
         elif kind == "ivf":
-            nlist = min(_check_positive("faiss.nlist", nlist), max(1, len(vectors) // 39))
-            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, metric)
-            index.train(vectors)
-            index.nprobe = min(_check_positive("faiss.nprobe", nprobe), nlist)
-        else:
-            raise ValueError(f"retrieval.faiss.kind={kind!r}: use hnsw, ivf or flat")
-        index.add(vectors)
+            build["nlist"] = min(_check_positive("faiss.nlist", nlist), max(1, len(vectors) // 39))
+            nprobe = _check_positive("faiss.nprobe", nprobe)
+        cache = None
+        if cache_dir is not None:
+            cache = Path(cache_dir) / f"faiss-{_content_key(vectors, self.ids, build)}.index"
+        index = _read_cached(faiss, cache)
+        if index is None:
+            index = _build_faiss(faiss, vectors, **build)
+            if cache is not None:
+                _write_cached(faiss, index, cache)
+        if kind == "hnsw":
+            index.hnsw.efSearch = ef_search
+        elif kind == "ivf":
+            index.nprobe = min(nprobe, build["nlist"])
         self.index = index
-        log.info("faiss %s index over %d items (dim %d)", kind, len(vectors), dim)
+        self.cache_file = cache
 
     def search(
         self, query: torch.Tensor, depth: int, exclude: torch.Tensor | None = None
@@ -208,6 +228,68 @@ class FaissIndex:
             items = torch.cat([items, items.new_zeros(len(items), pad)], 1)
         items = items.masked_fill(torch.isneginf(scores), 0)
         return scores.to(device), items.to(device)
+
+
+FAISS_KINDS = ("hnsw", "ivf", "flat")
+
+
+def _build_faiss(faiss, vectors: np.ndarray, *, kind: str, **build):
+    dim = vectors.shape[1]
+    metric = faiss.METRIC_INNER_PRODUCT
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, build["hnsw_m"], metric)
+        index.hnsw.efConstruction = build["ef_construction"]
+    else:
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, build["nlist"], metric)
+        index.train(vectors)
+    index.add(vectors)
+    log.info("faiss %s index built over %d items (dim %d)", kind, len(vectors), dim)
+    return index
+
+
+def _content_key(vectors: np.ndarray, ids: torch.Tensor, build: dict) -> str:
+    """What a built index depends on: its vectors, which item each row is, how it was built."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(repr(sorted(build.items())).encode())
+    digest.update(np.ascontiguousarray(ids.numpy(), dtype=np.int64).tobytes())
+    digest.update(vectors.tobytes())
+    return digest.hexdigest()
+
+
+def _read_cached(faiss, path: Path | None):
+    if path is None or not path.is_file():
+        return None
+    try:
+        index = faiss.read_index(str(path))
+    except RuntimeError as err:  # faiss raises RuntimeError on a truncated or foreign file
+        log.warning("faiss index cache %s could not be read (%s): building it again", path, err)
+        return None
+    log.info("faiss index loaded from the cache %s", path)
+    return index
+
+
+def _write_cached(faiss, index, path: Path) -> None:
+    """Write ``index`` to ``path`` through a temporary file, so that a killed job never leaves
+    a partial index for the next one to load."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(index, str(partial))
+        os.replace(partial, path)
+    except (OSError, RuntimeError) as err:  # the job goes on with the index in memory
+        log.warning(
+            "faiss index not saved to the cache %s (%s): scoring goes on; point "
+            "retrieval.faiss.cache_dir at a writable folder with room for the index",
+            path,
+            err,
+        )
+        return
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+    log.info("faiss index saved to the cache %s", path)
 
 
 def build_index(

@@ -197,6 +197,27 @@ def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, t
         score.run(other)
 
 
+def test_faiss_scoring_job_reuses_its_cached_index(main_run, make_config, tmp_path, caplog):
+    pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
+    _, result = main_run
+    settings = [
+        *TINY_DATA,
+        f"model_ref={result.checkpoint}",
+        "logger=none",
+        "retrieval.index=faiss",
+        "retrieval.faiss.kind=flat",  # exact faiss: both jobs must give the same output
+        f"retrieval.faiss.cache_dir={tmp_path / 'cache'}",
+    ]
+    with caplog.at_level("INFO", logger="recsys.retrieval.index"):
+        first = score.run(make_config("score", [*settings, f"retrieval.output.path={tmp_path}/a"]))
+        assert "built" in caplog.text
+        caplog.clear()
+        second = score.run(make_config("score", [*settings, f"retrieval.output.path={tmp_path}/b"]))
+        assert "loaded from the cache" in caplog.text and "built" not in caplog.text
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    assert read_parts(first).equals(read_parts(second))
+
+
 def test_schema_mismatch_fails_clearly_and_writes_nothing(main_run, make_config, tmp_path):
     _, result = main_run
     log_file = tmp_path / "events.csv"

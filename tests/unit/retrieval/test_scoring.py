@@ -363,3 +363,71 @@ def test_faiss_flat_index_agrees_with_exact():
     torch.testing.assert_close(exact[0], approx[0], rtol=1e-4, atol=1e-4)
     hnsw = FaissIndex(keys, bias, blocked, kind="hnsw").search(query, 5, exclude)
     assert not (set(hnsw[1].flatten().tolist()) & {0, 1})
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf"])
+def test_faiss_index_is_kept_in_the_cache_and_loaded_by_the_next_job(tmp_path, caplog, kind):
+    pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
+    from recsys.retrieval.index import FaissIndex
+
+    torch.manual_seed(0)
+    keys, bias, query = torch.randn(200, 8), torch.randn(200), torch.randn(6, 8)
+    blocked = torch.zeros(200, dtype=torch.bool)
+    blocked[:2] = True
+    settings = {"kind": kind, "nlist": 4, "cache_dir": tmp_path}
+    with caplog.at_level("INFO", logger="recsys.retrieval.index"):
+        first = FaissIndex(keys, bias, blocked, **settings)
+    assert "built" in caplog.text and [p.name for p in tmp_path.iterdir()] == [
+        first.cache_file.name
+    ]  # one file, no partial one left beside it
+    caplog.clear()
+    with caplog.at_level("INFO", logger="recsys.retrieval.index"):
+        again = FaissIndex(keys, bias, blocked, **settings, ef_search=64, nprobe=2)
+    assert "loaded from the cache" in caplog.text and "built" not in caplog.text
+    assert again.cache_file == first.cache_file  # query-time settings share the file ...
+    if kind == "hnsw":  # ... and are applied to the loaded index
+        assert again.index.hnsw.efSearch == 64
+    else:
+        assert again.index.nprobe == 2
+    expected = FaissIndex(keys, bias, blocked, kind=kind, nlist=4, ef_search=64, nprobe=2)
+    for got, want in zip(again.search(query, 5), expected.search(query, 5), strict=True):
+        assert torch.equal(got, want)
+
+    # another model's keys, other rules (blocked items) or other build settings: other files
+    changed = [
+        FaissIndex(keys + 1, bias, blocked, **settings),
+        FaissIndex(keys, bias, blocked.roll(1), **settings),
+        FaissIndex(keys, bias, blocked, **{**settings, "hnsw_m": 8, "nlist": 5}),
+    ]
+    assert len({first.cache_file, *(index.cache_file for index in changed)}) == 4
+
+
+def test_an_unreadable_faiss_cache_file_is_rebuilt_and_replaced(tmp_path, caplog):
+    pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
+    from recsys.retrieval.index import FaissIndex
+
+    torch.manual_seed(0)
+    keys, bias = torch.randn(50, 8), torch.randn(50)
+    blocked = torch.zeros(50, dtype=torch.bool)
+    path = FaissIndex(keys, bias, blocked, cache_dir=tmp_path).cache_file
+    path.write_bytes(path.read_bytes()[:100])  # e.g. a disk that filled up before the rename
+    with caplog.at_level("INFO", logger="recsys.retrieval.index"):
+        index = FaissIndex(keys, bias, blocked, cache_dir=tmp_path)
+    assert "could not be read" in caplog.text and "built" in caplog.text
+    assert index.index.ntotal == 50 and path.stat().st_size > 100
+
+
+def test_a_faiss_cache_that_cannot_be_written_is_named_and_scoring_goes_on(tmp_path, caplog):
+    pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
+    from recsys.retrieval.index import FaissIndex
+
+    torch.manual_seed(0)
+    keys, bias, query = torch.randn(50, 8), torch.randn(50), torch.randn(2, 8)
+    blocked = torch.zeros(50, dtype=torch.bool)
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the cache folder should be")
+    with caplog.at_level("WARNING", logger="recsys.retrieval.index"):
+        index = FaissIndex(keys, bias, blocked, kind="flat", cache_dir=not_a_folder)
+    assert "not saved to the cache" in caplog.text and "retrieval.faiss.cache_dir" in caplog.text
+    assert index.search(query, 3)[1].shape == (2, 3)
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"]
