@@ -191,7 +191,7 @@ class FaissIndex:
         cache = None
         if cache_dir is not None:
             cache = Path(cache_dir) / f"faiss-{_content_key(vectors, self.ids, build)}.index"
-        index = _read_cached(faiss, cache)
+        index = _read_cached(faiss, cache, vectors.shape)
         if index is None:
             index = _build_faiss(faiss, vectors, **build)
             if cache is not None:
@@ -258,11 +258,14 @@ def _content_key(vectors: np.ndarray, ids: torch.Tensor, build: dict) -> str:
     return digest.hexdigest()
 
 
-def _read_cached(faiss, path: Path | None):
+def _read_cached(faiss, path: Path | None, shape: tuple[int, int]):
+    """The index saved at ``path``, or None (none there, or unreadable: built again)."""
     if path is None or not path.is_file():
         return None
     try:
         index = faiss.read_index(str(path))
+        if (index.ntotal, index.d) != shape:
+            raise RuntimeError(f"it holds {index.ntotal} x {index.d} vectors, not {shape}")
     except RuntimeError as err:  # faiss raises RuntimeError on a truncated or foreign file
         log.warning("faiss index cache %s could not be read (%s): building it again", path, err)
         return None

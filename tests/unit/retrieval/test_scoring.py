@@ -415,6 +415,13 @@ def test_an_unreadable_faiss_cache_file_is_rebuilt_and_replaced(tmp_path, caplog
         index = FaissIndex(keys, bias, blocked, cache_dir=tmp_path)
     assert "could not be read" in caplog.text and "built" in caplog.text
     assert index.index.ntotal == 50 and path.stat().st_size > 100
+    # a readable index of other vectors under that name (copied by hand, say) is not used
+    other = FaissIndex(keys[:40], bias[:40], blocked[:40], cache_dir=tmp_path / "other")
+    path.write_bytes(other.cache_file.read_bytes())
+    caplog.clear()
+    with caplog.at_level("INFO", logger="recsys.retrieval.index"):
+        index = FaissIndex(keys, bias, blocked, cache_dir=tmp_path)
+    assert "holds 40 x 9 vectors" in caplog.text and index.index.ntotal == 50
 
 
 def test_a_faiss_cache_that_cannot_be_written_is_named_and_scoring_goes_on(tmp_path, caplog):
