@@ -8,7 +8,7 @@
   chunk's top-K), and merges each chunk's top-K into a running top-K.
 - :class:`FaissIndex` (optional, ``pip install recsys[ann]``): an approximate HNSW or IVF
   inner-product index. The bias is folded in as one more dimension (``[q, 1] · [k, b]``).
-  Building it is the slow part (HNSW over 1 M items: ~100 s on 2 cores), so with a
+  Building it is the slow part (HNSW over 1 M items: 67-104 s on 2 cores), so with a
   ``cache_dir`` it is saved there and loaded by the next job with the same vectors and build
   settings.
 
