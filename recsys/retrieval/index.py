@@ -22,17 +22,17 @@ popularity scores go through the same rules as the model's.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from recsys.retrieval.output import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -276,11 +276,9 @@ def _read_cached(faiss, path: Path | None, shape: tuple[int, int]):
 def _write_cached(faiss, index, path: Path) -> None:
     """Write ``index`` to ``path`` through a temporary file, so that a killed job never leaves
     a partial index for the next one to load."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        faiss.write_index(index, str(partial))
-        os.replace(partial, path)
+        write_atomically(path, lambda tmp: faiss.write_index(index, str(tmp)))
     except (OSError, RuntimeError) as err:  # the job goes on with the index in memory
         log.warning(
             "faiss index not saved to the cache %s (%s): scoring goes on; point "
@@ -289,9 +287,6 @@ def _write_cached(faiss, index, path: Path) -> None:
             err,
         )
         return
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
     log.info("faiss index saved to the cache %s", path)
 
 

@@ -35,7 +35,10 @@ def job_key(job: dict) -> str:
     return hashlib.sha256(json.dumps(job, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _write_file(path: Path, write) -> None:
+def write_atomically(path: str | Path, write) -> None:
+    """``write(tmp)`` into a temporary file beside ``path``, then rename it to ``path``: a reader
+    never sees a partial file, and a failed write leaves none behind."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
@@ -78,7 +81,7 @@ class PartitionedOutput:
             log.info("resuming %s (%d part(s) already written)", self.staging, self.parts_done())
         else:
             self.staging.mkdir(parents=True)
-            _write_file(
+            write_atomically(
                 self.staging / MANIFEST,
                 lambda tmp: Path(tmp).write_text(
                     json.dumps({"key": self.key, "job": job}, indent=2, default=str)
@@ -105,9 +108,9 @@ class PartitionedOutput:
         for file_format in self.formats:
             path = self._part(index, file_format)
             if file_format == "parquet":
-                _write_file(path, lambda tmp: frame.write_parquet(tmp, statistics=False))
+                write_atomically(path, lambda tmp: frame.write_parquet(tmp, statistics=False))
             else:
-                _write_file(path, lambda tmp: frame.write_csv(tmp))
+                write_atomically(path, lambda tmp: frame.write_csv(tmp))
 
     def scan(self) -> pl.LazyFrame:
         """All parts written so far (the staging folder; the final one once committed)."""
@@ -118,7 +121,7 @@ class PartitionedOutput:
         """A side file (summary, plots) inside the output: ``write(path)``."""
         path = self.staging / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_file(path, write)
+        write_atomically(path, write)
         return self.path / name
 
     def commit(self) -> Path:
