@@ -74,8 +74,10 @@ def _threads(requested: int | None) -> int:
 
 
 # -- the measured job (child process) ----------------------------------------------------------
-def build_encoder(num_items: int):
-    """A random ATRank over ``num_items`` real items (+ PAD and UNK), eval mode."""
+def build_encoder(num_items: int, *, key_projection: bool = False):
+    """A random ATRank over ``num_items`` real items (+ PAD and UNK), eval mode; its keys are
+    the item ⊕ attribute-bag features (the model default) or, with ``key_projection``, their
+    projection."""
     import torch
 
     from recsys.model.atrank import ATRank
@@ -91,6 +93,7 @@ def build_encoder(num_items: int):
         max_seq_len=MAX_SEQ_LEN,
         d_model=D_MODEL,
         num_layers=NUM_LAYERS,
+        key_projection=key_projection,
     )
     generator = torch.Generator().manual_seed(SEED + 1)
     category = torch.randint(
@@ -136,7 +139,7 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(SEED)
     rss_start = _peak_rss_gib()
-    encoder = build_encoder(num_items)
+    encoder = build_encoder(num_items, key_projection=args.key_projection)
     batches = synthetic_batches(num_items, args.users, args.batch_size)
     rss_model = _peak_rss_gib()
     top_k = args.top_k
@@ -158,7 +161,13 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
             # with retrieval.faiss.cache_dir: the first job builds and saves the index, the
             # next one (same keys and settings) loads it
             with tempfile.TemporaryDirectory() as cache:
-                settings = {"kind": args.faiss_kind, "threads": threads, "cache_dir": cache}
+                settings = {
+                    "kind": args.faiss_kind,
+                    "ef_search": args.ef_search,
+                    "nprobe": args.nprobe,
+                    "threads": threads,
+                    "cache_dir": cache,
+                }
                 index = FaissIndex(keys, bias, blocked, **settings)
                 index_s = time.perf_counter() - t0
                 del index  # one index in memory at a time: the peak stays the job's
@@ -204,10 +213,17 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
                 hits.append((reference[:, :, None] == ann[:, None, :]).any(2).float().mean(1))
             recall = float(torch.cat(hits).mean())
     scored = args.users * args.repeats
+    search_setting = ""  # the query-time breadth of an ANN index, as the table names it
+    if path == "faiss":
+        search_setting = {"hnsw": f"ef {args.ef_search}", "ivf": f"nprobe {args.nprobe}"}.get(
+            args.faiss_kind, ""
+        )
     return {
         "path": path,
         "items": num_items,
         "kind": "chunked" if path == "exact" else args.faiss_kind,
+        "search_setting": search_setting,
+        "key_projection": args.key_projection,
         "users": args.users,
         "batch_size": args.batch_size,
         "users_per_s": 1.0 / statistics.median(per_batch),
@@ -269,6 +285,7 @@ def summarise(rows: list[dict], top_k: int) -> str:
             lines.append(f"| {name} | {row['path']} | failed: {row['error']} | | | | |")
             continue
         path = "exact" if row["path"] == "exact" else f"faiss {row['kind']}"
+        path = f"{path} {row.get('search_setting', '')}".strip()
         recall = "" if row["recall"] is None else f"{row['recall']:.3f}"
         cached = row.get("cached_build_s")
         lines.append(
@@ -303,6 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--faiss-kind", default="hnsw", choices=("hnsw", "ivf", "flat"), help="FaissIndex kind"
     )
+    parser.add_argument("--ef-search", type=int, default=128, help="HNSW efSearch (%(default)s)")
+    parser.add_argument("--nprobe", type=int, default=32, help="IVF nprobe (%(default)s)")
+    parser.add_argument(
+        "--key-projection",
+        action="store_true",
+        help="keys through ATRank's key projection (model.key_projection=true) instead of the "
+        "default item ⊕ attribute-bag keys",
+    )
     parser.add_argument("--no-faiss", action="store_true", help="exact path only")
     parser.add_argument("--threads", type=int, default=None, help="default: the usable cores")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
@@ -315,7 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it loads
-    for name in ("users", "top_k", "item_chunk_size", "batch_size", "repeats"):
+    for name in (
+        "users",
+        "top_k",
+        "item_chunk_size",
+        "batch_size",
+        "repeats",
+        "ef_search",
+        "nprobe",
+    ):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     sizes = [parse_size(s) for s in args.items.split(",") if s.strip()]
@@ -349,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         "--users", str(args.users), "--top-k", str(args.top_k),
         "--item-chunk-size", str(args.item_chunk_size), "--batch-size", str(args.batch_size),
         "--repeats", str(args.repeats), "--faiss-kind", args.faiss_kind,
+        "--ef-search", str(args.ef_search), "--nprobe", str(args.nprobe),
         "--threads", str(facts["threads"]),
+        *(["--key-projection"] if args.key_projection else []),
     ]  # fmt: skip
     rows = []
     for num_items in sizes:
