@@ -12,6 +12,9 @@ Training objective (``objective``):
   a softmax over the true next item and the retrieval stage's top ``rerank_top_n - 1`` others.
   With ``attribute_loss_weight > 0`` (encoders with an attribute bag in their keys: ATRank) the
   trained positions also predict their target item's attributes (``attribute_softmax``).
+  With ``input_mask_prob > 0`` each real input token's item is replaced by UNK with that
+  probability in training (CL4SRec's item mask, used as augmentation alone); targets,
+  behaviours and evaluation are untouched.
 - ``target_attention`` (ATRank's reference code): the last position's next item and
   ``num_negatives`` sampled items are scored by the target-attention head (candidate as the
   query over the history); a sampled loss, typically ``bce`` with one negative.
@@ -32,6 +35,7 @@ that users get; ``sampled_`` and ``auc`` use the retrieval scores).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -88,6 +92,7 @@ class SeqRecModule(pl.LightningModule):
         rerank_top_n: int = 0,
         rerank_loss_weight: float = 0.5,
         attribute_loss_weight: float = 0.0,
+        input_mask_prob: float = 0.0,
         seen_items: str = "keep",
         sampled_metrics: Mapping[str, Any] | None = None,
         checkpoint_extra: dict | None = None,
@@ -125,6 +130,15 @@ class SeqRecModule(pl.LightningModule):
                 "use model=atrank with model.attribute_dim > 0 and model.key_projection=false), "
                 "or set it to 0"
             )
+        if (
+            isinstance(input_mask_prob, bool)
+            or not isinstance(input_mask_prob, (int, float))
+            or not 0 <= input_mask_prob < 1
+        ):
+            raise ValueError(
+                f"training.input_mask_prob={input_mask_prob!r} must be a number in [0, 1) "
+                "(0: off)"
+            )
         if not metric_ks or min(metric_ks) < 1:
             raise ValueError(f"metric_ks={list(metric_ks)} must be positive cutoffs")
         if rerank_top_n and max(metric_ks) > rerank_top_n:
@@ -160,6 +174,7 @@ class SeqRecModule(pl.LightningModule):
         self.rerank_top_n = rerank_top_n
         self.rerank_loss_weight = rerank_loss_weight
         self.attribute_loss_weight = float(attribute_loss_weight)
+        self.input_mask_prob = float(input_mask_prob)
         self.seen_items = seen_items
         self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
         self.checkpoint_extra = dict(checkpoint_extra or {})
@@ -177,6 +192,7 @@ class SeqRecModule(pl.LightningModule):
                 "rerank_top_n": rerank_top_n,
                 "rerank_loss_weight": rerank_loss_weight,
                 "attribute_loss_weight": attribute_loss_weight,
+                "input_mask_prob": input_mask_prob,
                 "seen_items": seen_items,
                 "sampled_metrics": dict(sampled_metrics or {}),
             }
@@ -267,7 +283,16 @@ class SeqRecModule(pl.LightningModule):
             self._target_weight(behavior[valid]),
         )
 
+    def _mask_inputs(self, batch: SeqBatch) -> SeqBatch:
+        """The batch with each real input item replaced by UNK with ``input_mask_prob``."""
+        drawn = torch.rand(batch.item.shape, device=batch.item.device) < self.input_mask_prob
+        return dataclasses.replace(
+            batch, item=batch.item.masked_fill(drawn & batch.padding_mask, UNK_IDX)
+        )
+
     def training_step(self, batch: SeqBatch, batch_idx: int) -> torch.Tensor:
+        if self.input_mask_prob > 0:
+            batch = self._mask_inputs(batch)
         output = self(batch)
         trained = None
         if self.objective == "target_attention":

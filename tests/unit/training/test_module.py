@@ -89,8 +89,19 @@ def train_loss(m: SeqRecModule, b: SeqBatch) -> torch.Tensor:
         {"loss": "bce", "num_negatives": 1, "objective": "target_attention"},
         {"loss": "full_softmax", "rerank_top_n": 20, "rerank_loss_weight": 0.5},
         {"loss": "full_softmax", "attribute_loss_weight": 0.5},
+        {"loss": "full_softmax", "input_mask_prob": 0.3},
     ],
-    ids=["ce", "ssm-pop", "ssm-rows", "bce", "gbce", "target-attention", "ce+rerank", "ce+attr"],
+    ids=[
+        "ce",
+        "ssm-pop",
+        "ssm-rows",
+        "bce",
+        "gbce",
+        "target-attention",
+        "ce+rerank",
+        "ce+attr",
+        "ce+mask",
+    ],
 )
 def test_every_objective_and_loss_trains(kwargs):
     m = module(**kwargs)
@@ -154,6 +165,26 @@ def test_attribute_loss_predicts_each_trained_targets_attributes():
     torch.testing.assert_close(m.encoder.score_items(hidden)[:, items], item_part + attribute_part)
 
 
+def test_input_mask_turns_real_input_items_into_unk_and_trains_on_the_masked_batch():
+    m, b = module(input_mask_prob=0.5), batch()
+    torch.manual_seed(3)
+    masked = m._mask_inputs(b)
+    changed = masked.item != b.item
+    assert changed.any() and (~changed & b.padding_mask).any()  # some masked, some kept
+    assert not (changed & ~b.padding_mask).any()  # padding stays PAD
+    assert (masked.item[changed] == 1).all()  # UNK
+    for name in ("behavior", "time_bucket", "padding_mask", "target_item", "target_behavior"):
+        assert torch.equal(getattr(masked, name), getattr(b, name))
+    # the loss is the plain loss of the masked batch (same draw), and evaluation never masks
+    torch.manual_seed(3)
+    loss = train_loss(m, b)
+    plain = module()
+    plain.load_state_dict(m.state_dict())
+    torch.testing.assert_close(loss, train_loss(plain, masked))
+    assert not torch.equal(loss, train_loss(plain, b))
+    torch.testing.assert_close(m(b).query, plain(b).query)
+
+
 def test_non_causal_encoder_trains_its_last_position_only():
     m, b = module(encoder(causal=False)), batch()
     output = m(b)
@@ -176,6 +207,9 @@ def test_non_causal_encoder_trains_its_last_position_only():
         ({"sampled_metrics": {"num_negatives": 100_000}}, "num_negatives=100000"),
         ({"attribute_loss_weight": -1.0}, "attribute_loss_weight=-1.0"),
         ({"attribute_loss_weight": math.inf}, "attribute_loss_weight=inf"),
+        ({"input_mask_prob": 1.0}, "input_mask_prob=1.0"),
+        ({"input_mask_prob": -0.1}, "input_mask_prob=-0.1"),
+        ({"input_mask_prob": True}, "input_mask_prob=True"),
         (
             {"attribute_loss_weight": 1.0, "objective": "target_attention", "loss": "bce"},
             "needs objective=retrieval",
