@@ -136,8 +136,7 @@ class SeqRecModule(pl.LightningModule):
             or not 0 <= input_mask_prob < 1
         ):
             raise ValueError(
-                f"training.input_mask_prob={input_mask_prob!r} must be a number in [0, 1) "
-                "(0: off)"
+                f"training.input_mask_prob={input_mask_prob!r} must be a number in [0, 1) (0: off)"
             )
         if not metric_ks or min(metric_ks) < 1:
             raise ValueError(f"metric_ks={list(metric_ks)} must be positive cutoffs")
