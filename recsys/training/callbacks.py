@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import EMAWeightAveraging
 
 from recsys.training.metrics import MeanAccumulator
 
@@ -84,3 +86,47 @@ class TrainingClock(pl.Callback):
             }
         )
         self.history.append({**entry, **self._curve})
+
+
+def bias_corrected_ema(decay: float):
+    """The ``avg_fn`` of :class:`BiasCorrectedEMA`: ``(average, current, n) -> new average``,
+    where ``average`` holds the first ``n`` points (``n >= 1``; torch's ``AveragedModel`` copies
+    the first one).
+
+    After points ``θ_1 .. θ_m`` the average is ``Σ decay^(m-i) θ_i / Σ decay^(m-i)``: an
+    exponential moving average normalised like Adam's moments, so the first steps' weights
+    count no more than any other point and the average never trails behind them.
+    """
+
+    log_decay = math.log(decay)
+
+    def avg_fn(
+        average: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor
+    ) -> torch.Tensor:
+        # the new point's share: (1 - d) / (1 - d^(n+1)), ~1/2 for the second, -> 1 - d later;
+        # 1 - d^(n+1) as -expm1((n+1) log d), exact in float32 even for d close to 1
+        points = (num_averaged + 1).to(average.dtype)
+        share = (1.0 - decay) / -torch.expm1(points * log_decay)
+        return torch.lerp(average, current, share)
+
+    return avg_fn
+
+
+class BiasCorrectedEMA(EMAWeightAveraging):
+    """Lightning's EMA weight averaging with the average normalised over the points it holds.
+
+    A plain EMA of decay ``d`` still gives the weights of the first optimizer step a share
+    ``d^t`` after ``t`` steps (0.6 after 500 steps at 0.999), so a slow average trails far
+    behind training for its first epochs; this one weighs every point by ``d^(age)`` and
+    divides by their sum (:func:`bias_corrected_ema`). Every argument is
+    ``EMAWeightAveraging``'s (``decay``, ``update_every_n_steps``, ...).
+    """
+
+    def __init__(self, decay: float = 0.999, **kwargs) -> None:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
+            raise ValueError(
+                f"callbacks.weight_averaging.decay={decay!r} must be a number in (0, 1), "
+                "e.g. 0.999 (about 1000 optimizer steps)"
+            )
+        super().__init__(decay=decay, **kwargs)
+        self._kwargs["avg_fn"] = bias_corrected_ema(float(decay))

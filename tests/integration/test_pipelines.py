@@ -337,13 +337,20 @@ def test_best_validation_score_is_named_after_its_monitor(make_config):
     )
 
 
-def test_weight_averaging_checkpoint_holds_the_validated_average(make_config):
-    """callbacks.weight_averaging (EMA): validation scores the averaged weights, and the best
-    checkpoint holds exactly them (the raw weights beside them), so evaluating the checkpoint
-    on validation reproduces the selected score."""
+@pytest.mark.parametrize(
+    "target",
+    [
+        "pytorch_lightning.callbacks.EMAWeightAveraging",
+        "recsys.training.callbacks.BiasCorrectedEMA",
+    ],
+)
+def test_weight_averaging_checkpoint_holds_the_validated_average(make_config, target):
+    """callbacks.weight_averaging (EMA, plain or bias-corrected): validation scores the averaged
+    weights, and the best checkpoint holds exactly them (the raw weights beside them), so
+    evaluating the checkpoint on validation reproduces the selected score."""
     import torch
 
-    ema = "{_target_: pytorch_lightning.callbacks.EMAWeightAveraging, decay: 0.5}"
+    ema = f"{{_target_: {target}, decay: 0.5}}"
     cfg = make_config(
         "config",
         [*TINY, "logger=none", "trainer.max_epochs=2", f"callbacks.weight_averaging={ema}"],
