@@ -47,6 +47,7 @@ from torch import nn
 
 from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
+from recsys.model.layers import _check_dropout
 from recsys.retrieval.ranker import SEEN_POLICIES, apply_seen_policy, seen_mask, two_stage
 from recsys.schema import NUM_RESERVED, UNK_IDX
 from recsys.training import losses
@@ -130,14 +131,7 @@ class SeqRecModule(pl.LightningModule):
                 "use model=atrank with model.attribute_dim > 0 and model.key_projection=false), "
                 "or set it to 0"
             )
-        if (
-            isinstance(input_mask_prob, bool)
-            or not isinstance(input_mask_prob, (int, float))
-            or not 0 <= input_mask_prob < 1
-        ):
-            raise ValueError(
-                f"training.input_mask_prob={input_mask_prob!r} must be a number in [0, 1) (0: off)"
-            )
+        input_mask_prob = _check_dropout("training.input_mask_prob", input_mask_prob)
         if not metric_ks or min(metric_ks) < 1:
             raise ValueError(f"metric_ks={list(metric_ks)} must be positive cutoffs")
         if rerank_top_n and max(metric_ks) > rerank_top_n:
@@ -173,7 +167,7 @@ class SeqRecModule(pl.LightningModule):
         self.rerank_top_n = rerank_top_n
         self.rerank_loss_weight = rerank_loss_weight
         self.attribute_loss_weight = float(attribute_loss_weight)
-        self.input_mask_prob = float(input_mask_prob)
+        self.input_mask_prob = input_mask_prob
         self.seen_items = seen_items
         self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
         self.checkpoint_extra = dict(checkpoint_extra or {})
