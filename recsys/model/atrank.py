@@ -6,6 +6,7 @@ Architecture::
       │  BehaviorAwareEmbedding          item ⊕ attribute bag + behaviour + time + position
       │                                  (ATRank: F_behaviour(item ⊕ attribute bag) + ...)
       │  num_layers × TransformerBlock   self-attention over the history, padding masked
+      │                                  (+ attribute-bag attention scores, attribute_attention)
       ▼  (final LayerNorm when pre-norm) hidden (B, T, D); query = hidden[:, -1]
 
     attribute bag: mean of the item's attribute embeddings (PAD entries ignored)
@@ -114,6 +115,11 @@ class ATRank(nn.Module):
       in every block (``alpha`` and ``c`` in BSARec; 0.7 and 5 on Beauty), causal when the
       encoder is; 0 (the default) is attention only. See
       :class:`recsys.model.layers.LowPassFilter`.
+    - ``attribute_attention``: every block adds to its attention logits a score computed
+      from the tokens' attribute bags with its own query and key maps (DIF-SR's decoupled
+      side-information fusion; :class:`recsys.model.layers.SideAttentionScores`), so the
+      attributes steer where each position attends at every layer, beside their place in the
+      tokens. False (the default) leaves the attention to the tokens. Needs attribute_dim > 0.
     - ``embedding_std``: the std the item and attribute tables are stored at (None:
       dim^-1/2); they are used divided by it, so features start at unit scale whatever it is,
       but a smaller value makes Adam move them faster (BSARec's 0.02 learns several times
@@ -130,7 +136,7 @@ class ATRank(nn.Module):
     # has F_target keys and an item bias (before the seventh session), F_g tokens (before
     # the ninth), no low-pass branch (before the tenth) and item / attribute tables stored at
     # std dim^-1/2 (before the eleventh), attention as causal as the encoder and no token
-    # LayerNorm (before the twelfth).
+    # LayerNorm (before the twelfth), no attribute attention scores (before the nineteenth).
     ARGUMENTS_BEFORE_THEY_EXISTED = {
         "key_projection": True,
         "item_bias": True,
@@ -140,6 +146,7 @@ class ATRank(nn.Module):
         "embedding_std": None,
         "causal_attention": None,
         "token_norm": False,
+        "attribute_attention": False,
     }
 
     def __init__(
@@ -173,6 +180,7 @@ class ATRank(nn.Module):
         embedding_std: float | None = None,
         causal_attention: bool | None = None,
         token_norm: bool = False,
+        attribute_attention: bool = False,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -240,6 +248,12 @@ class ATRank(nn.Module):
                 "position is trained), or causal_attention=null to follow causal"
             )
         token_norm = _check_bool("token_norm", token_norm)
+        attribute_attention = _check_bool("attribute_attention", attribute_attention)
+        if attribute_attention and attribute_dim == 0:
+            raise ValueError(
+                "attribute_attention=True scores attention from the attribute bags, but "
+                "attribute_dim=0 has none: set attribute_dim > 0 or attribute_attention=false"
+            )
         item_bias = _check_bool("item_bias", item_bias)
         filter_mix = _check_filter_mix(filter_mix)
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
@@ -283,6 +297,7 @@ class ATRank(nn.Module):
             "embedding_std": embedding_std,
             "causal_attention": causal_attention,
             "token_norm": token_norm,
+            "attribute_attention": attribute_attention,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -320,9 +335,13 @@ class ATRank(nn.Module):
                 filter_frequencies=filter_frequencies,
                 max_seq_len=max_seq_len,
                 causal=causal,
+                side_dim=attribute_dim if attribute_attention else 0,
             )
             for _ in range(num_layers)
         )
+        # DIF-SR normalises its attribute features once and hands them to every layer.
+        self.side_norm = nn.LayerNorm(attribute_dim) if attribute_attention else None
+        self.side_dropout = nn.Dropout(dropout)
         # Post-norm blocks already end in a LayerNorm; a pre-norm stack needs one at the end.
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 
@@ -383,8 +402,12 @@ class ATRank(nn.Module):
             # session's items for a gap of seconds, long-term interests for a gap of days.
             x = x + self.query_time_embedding(query_time_bucket) * padding_mask[..., None]
         mask = attention_mask(padding_mask, self.causal_attention)  # (B, 1, T, T)
+        side = None
+        if self.side_norm is not None:
+            bags = self.embedding.attribute_bag(self.embedding.item_attributes[item])
+            side = self.side_dropout(self.side_norm(bags))  # (B, T, attribute_dim)
         for block in self.blocks:
-            x = block(x, mask, padding_mask)
+            x = block(x, mask, padding_mask, side)
         # Padding rows hold throwaway values (see TransformerBlock); zero them once here.
         hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)  # (B, T, D)
         # Left padding puts the most recent event last, whatever the history length.

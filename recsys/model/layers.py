@@ -147,18 +147,30 @@ class MultiHeadSelfAttention(nn.Module):
             else nn.Identity()
         )
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor,
+        score_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Attend every position to the positions ``attn_mask`` allows.
+
+        ``score_bias`` is added to the scaled ``query · key`` logits before the softmax (the
+        side-information scores of :class:`SideAttentionScores`); the values stay ``x``'s.
 
         Shapes:
             x: (B, T, D)
             attn_mask: (B, 1, T, T) bool from :func:`attention_mask`, True = may attend.
+            score_bias: (B, H, T, T) float or None.
             returns: (B, T, D)
         """
         head_dim = self.d_model // self.num_heads
         qkv = self.qkv_activation(self.qkv(x))  # (B, T, 3D)
         qkv = qkv.unflatten(-1, (3, self.num_heads, head_dim))  # (B, T, 3, H, D/H)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, D/H)
+        if score_bias is not None:
+            # A float mask is added to the logits: the bias where allowed, -inf elsewhere.
+            attn_mask = score_bias.masked_fill(~attn_mask, float("-inf"))  # (B, H, T, T)
         attended = F.scaled_dot_product_attention(
             query,
             key,
@@ -168,6 +180,37 @@ class MultiHeadSelfAttention(nn.Module):
         )  # (B, H, T, D/H)
         attended = attended.transpose(1, 2).flatten(2)  # (B, T, D)
         return self.output(attended)
+
+
+class SideAttentionScores(nn.Module):
+    """Attention logits from side features of the tokens (DIF-SR's decoupled fusion).
+
+    DIF-SR (Xie et al., SIGIR 2022, arXiv 2204.11046) lets item attributes steer *where* each
+    position attends without mixing them into *what* is attended: every layer computes, beside
+    the usual ``q · k`` of the hidden states, a second score from the attribute features with
+    its own query and key maps, and adds the two before the softmax (its "sum" fusion); the
+    values are the hidden states alone. The side features are fixed inputs (the tokens' attribute
+    bags), read afresh by every layer, so deep layers still see them undiluted.
+
+    Returns ``(side_q · side_kᵀ) / sqrt(D/H)`` per head, for
+    :class:`MultiHeadSelfAttention`'s ``score_bias``.
+    """
+
+    def __init__(self, *, side_dim: int, d_model: int, num_heads: int) -> None:
+        super().__init__()
+        side_dim = _check_int("side_dim", side_dim)
+        d_model = _check_int("d_model", d_model)
+        num_heads = _check_int("num_heads", num_heads)
+        _check_heads(d_model, num_heads)
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.query_key = nn.Linear(side_dim, 2 * d_model)
+
+    def forward(self, side: torch.Tensor) -> torch.Tensor:
+        """Shapes: side (B, T, S) -> (B, H, T, T)."""
+        query_key = self.query_key(side).unflatten(-1, (2, self.num_heads, self.head_dim))
+        query, key = query_key.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, D/H)
+        return query @ key.transpose(-1, -2) / self.head_dim**0.5  # (B, H, T, T)
 
 
 class FeedForward(nn.Module):
@@ -206,6 +249,8 @@ class TransformerBlock(nn.Module):
     A pre-norm stack needs a final LayerNorm after the last block; the encoder owns it.
     With ``filter_mix = alpha > 0`` the attention branch becomes
     ``alpha * low_pass(x) + (1 - alpha) * attention(x)`` (BSARec; :class:`LowPassFilter`).
+    With ``side_dim > 0`` the attention logits also get the scores of the tokens' side
+    features passed as ``side`` (DIF-SR; :class:`SideAttentionScores`).
     Rows at padding positions come out as arbitrary (finite) values: real queries never attend
     to them, so they cannot leak, and the encoder multiplies them by zero at the end.
     """
@@ -225,9 +270,16 @@ class TransformerBlock(nn.Module):
         filter_frequencies: int = 5,
         max_seq_len: int | None = None,
         causal: bool = True,
+        side_dim: int = 0,
     ) -> None:
         super().__init__()
         self.norm_first = _check_bool("norm_first", norm_first)
+        side_dim = _check_int("side_dim", side_dim, minimum=0, why="0: no side scores")
+        self.side_scores = (
+            SideAttentionScores(side_dim=side_dim, d_model=d_model, num_heads=num_heads)
+            if side_dim
+            else None
+        )
         self.filter_mix = _check_filter_mix(filter_mix)
         # BSARec's frequency branch beside the attention (alpha = filter_mix); None when off.
         self.low_pass: LowPassFilter | None = None
@@ -255,29 +307,45 @@ class TransformerBlock(nn.Module):
         self.residual_dropout = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor, padding_mask: torch.Tensor
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor,
+        padding_mask: torch.Tensor,
+        side: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Shapes:
         x: (B, T, D)
         attn_mask: (B, 1, T, T) bool from :func:`attention_mask`.
         padding_mask: (B, T) bool, True = real token (read by the low-pass branch only).
+        side: (B, T, side_dim) side features of the tokens; required when side_dim > 0.
         returns: (B, T, D); padding rows are not zeroed here (see the class docstring).
         """
+        if (side is None) != (self.side_scores is None):
+            raise ValueError(
+                "side features are passed exactly when the block was built with side_dim > 0: "
+                f"got side={'None' if side is None else tuple(side.shape)} for side_dim="
+                f"{0 if self.side_scores is None else self.side_scores.query_key.in_features}"
+            )
+        score_bias = None if self.side_scores is None else self.side_scores(side)
         if self.norm_first:
-            mixed = self._mix(self.attention_norm(x), attn_mask, padding_mask)
+            mixed = self._mix(self.attention_norm(x), attn_mask, padding_mask, score_bias)
             x = x + self.residual_dropout(mixed)
             x = x + self.residual_dropout(self.feed_forward(self.feed_forward_norm(x)))
         else:
-            mixed = self._mix(x, attn_mask, padding_mask)
+            mixed = self._mix(x, attn_mask, padding_mask, score_bias)
             x = self.attention_norm(x + self.residual_dropout(mixed))
             x = self.feed_forward_norm(x + self.residual_dropout(self.feed_forward(x)))
         return x
 
     def _mix(
-        self, x: torch.Tensor, attn_mask: torch.Tensor, padding_mask: torch.Tensor
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor,
+        padding_mask: torch.Tensor,
+        score_bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """The token-mixing branch: attention, or alpha * low-pass + (1 - alpha) * attention."""
-        attended = self.attention(x, attn_mask)
+        attended = self.attention(x, attn_mask, score_bias)
         if self.low_pass is None:
             return attended
         alpha = self.filter_mix

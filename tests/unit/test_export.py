@@ -45,6 +45,7 @@ ENCODERS = (
     "atrank_faithful",
     "atrank_learned",
     "atrank_F_g",
+    "atrank_attribute_attention",
     "atrank_low_pass",
     "sasrec",
     "sasrec_low_pass",
@@ -82,6 +83,7 @@ def make_encoder(kind: str) -> torch.nn.Module:
             "atrank_learned": {"positional": "learned"},
             "atrank_F_g": {"behavior_projection": True},
             "atrank_low_pass": {"filter_mix": 0.7, "filter_frequencies": 3},
+            "atrank_attribute_attention": {"attribute_attention": True},
         }[kind]
         encoder = ATRank(
             **SIZES, item_attribute_width=3, d_model=16, num_heads=2, dropout=0.1, **extra
@@ -262,12 +264,14 @@ def test_checkpoint_written_before_the_item_side_switches_loads_as_it_was(tmp_pa
     with torch.no_grad():
         old.item_bias.normal_()
     switches = ("key_projection", "item_bias", "behavior_projection")
-    later = ("causal_attention", "token_norm")  # twelfth session: as causal, no token norm
+    # twelfth session: as causal, no token norm; nineteenth: no attribute attention scores
+    later = ("causal_attention", "token_norm", "attribute_attention")
     config = {k: v for k, v in old.config.items() if k not in switches + later}
     loaded = load_checkpoint(write_checkpoint(old, config, tmp_path / "old.ckpt")).encoder
     assert all(loaded.config[k] is True for k in switches)
     assert loaded.config["causal_attention"] is old.causal is True
     assert loaded.config["token_norm"] is False
+    assert loaded.config["attribute_attention"] is False
     old.eval()
     batch = make_batch([4, 8], 8, seed=3)
     with torch.no_grad():

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from recsys.model import ATRank, EncoderOutput
+from recsys.model.layers import attention_mask
 from recsys.model.sasrec import SASRec
 from recsys.schema import PAD_IDX, UNK_IDX
 
@@ -112,10 +113,16 @@ def test_extra_left_padding_changes_nothing(
 @pytest.mark.parametrize("positional", ["none", "learned", "sinusoidal"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("attribute_attention", [False, True])
 def test_values_at_padding_positions_change_nothing(
-    positional: str, causal: bool, norm_first: bool
+    positional: str, causal: bool, norm_first: bool, attribute_attention: bool
 ) -> None:
-    model = make_model(positional=positional, causal=causal, norm_first=norm_first)
+    model = make_model(
+        positional=positional,
+        causal=causal,
+        norm_first=norm_first,
+        attribute_attention=attribute_attention,
+    )
     item, behavior, time_bucket, padding_mask = make_tokens([6, 2, 4], seq_len=8)
     junk_item, junk_behavior, junk_time_bucket, _ = make_tokens([8, 8, 8], seq_len=8, seed=1)
     with torch.no_grad():
@@ -170,10 +177,13 @@ def test_first_origin_trains_every_position_as_its_own_prefix(encoder: str, posi
 
 @pytest.mark.parametrize("filter_mix", [0.0, 0.7])
 @pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("attribute_attention", [False, True])
 def test_future_token_changes_past_states_only_when_not_causal(
-    causal: bool, filter_mix: float
+    causal: bool, filter_mix: float, attribute_attention: bool
 ) -> None:
-    model = make_model(causal=causal, filter_mix=filter_mix)
+    model = make_model(
+        causal=causal, filter_mix=filter_mix, attribute_attention=attribute_attention
+    )
     item, behavior, time_bucket, padding_mask = make_tokens([6, 4], seq_len=6)
     changed_item, changed_behavior = item.clone(), behavior.clone()
     changed_item[:, 4] = torch.where(item[:, 4] == 7, 8, 7)
@@ -206,6 +216,36 @@ def test_bsarec_block_attends_causally_beside_a_whole_window_filter(filter_mix: 
         with torch.no_grad():
             expected = causal(item, behavior, time_bucket, padding_mask).hidden
         torch.testing.assert_close(before, expected, atol=1e-6, rtol=0)
+
+
+def test_attribute_attention_adds_attribute_scores_to_a_plain_encoder() -> None:
+    """DIF-SR's sum fusion: every block scores attention from the tokens' normalised attribute
+    bags as well; with those side maps at zero the encoder is the plain one."""
+    plain, fused = make_model(), make_model(attribute_attention=True)
+    extra = set(fused.state_dict()) - set(plain.state_dict())
+    assert extra == {
+        "side_norm.weight",
+        "side_norm.bias",
+        *(f"blocks.{i}.side_scores.query_key.{p}" for i in range(2) for p in ("weight", "bias")),
+    }
+    item, behavior, time_bucket, padding_mask = tokens = make_tokens([6, 3], seq_len=6)
+    with torch.no_grad():
+        # the wiring, spelt out: one set of side features, the items' attribute bags, normalised
+        bags = fused.embedding.attribute_bag(fused.embedding.item_attributes[item])
+        side = fused.side_norm(bags)  # (B, T, attribute_dim); eval: no dropout
+        x = fused.embedding(*tokens)
+        mask = attention_mask(padding_mask, causal=True)
+        for block in fused.blocks:
+            x = block(x, mask, padding_mask, side)
+        expected = fused.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)
+        torch.testing.assert_close(fused(*tokens).hidden, expected)
+
+        fused.load_state_dict(plain.state_dict(), strict=False)  # the shared weights
+        assert not torch.allclose(fused(*tokens).hidden, plain(*tokens).hidden)
+        for block in fused.blocks:
+            block.side_scores.query_key.weight.zero_()
+            block.side_scores.query_key.bias.zero_()
+        torch.testing.assert_close(fused(*tokens).hidden, plain(*tokens).hidden, atol=1e-6, rtol=0)
 
 
 def test_token_norm_normalises_every_real_token() -> None:
@@ -366,6 +406,12 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ),
         ({"causal_attention": "no"}, r"causal_attention='no' is invalid: pass True or False"),
         ({"token_norm": 1}, r"token_norm=1 is invalid: pass True or False"),
+        ({"attribute_attention": 1}, r"attribute_attention=1 is invalid: pass True or False"),
+        (
+            {"attribute_attention": True, "attribute_dim": 0, "item_dim": 64},
+            r"attribute_attention=True scores attention from the attribute bags, but "
+            r"attribute_dim=0 has none",
+        ),
     ],
 )
 def test_constructor_validation(overrides: dict, message: str) -> None:

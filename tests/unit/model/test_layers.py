@@ -12,6 +12,7 @@ from recsys.model.layers import (
     LearnedPositionalEncoding,
     LowPassFilter,
     MultiHeadSelfAttention,
+    SideAttentionScores,
     SinusoidalPositionalEncoding,
     TransformerBlock,
     attention_mask,
@@ -65,9 +66,13 @@ def test_attention_mask_rejects_non_bool() -> None:
 
 
 def _reference_attention(
-    layer: MultiHeadSelfAttention, x: torch.Tensor, allowed: torch.Tensor
+    layer: MultiHeadSelfAttention,
+    x: torch.Tensor,
+    allowed: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain softmax attention, head by head, to check the reshapes in the layer."""
+    """Plain softmax attention, head by head, to check the reshapes in the layer; ``bias``
+    (B, H, T, T) is added to each head's logits."""
     d_model, num_heads = layer.d_model, layer.num_heads
     head_dim = d_model // num_heads
     q, k, v = layer.qkv_activation(layer.qkv(x)).split(d_model, dim=-1)
@@ -75,6 +80,8 @@ def _reference_attention(
     for h in range(num_heads):
         part = slice(h * head_dim, (h + 1) * head_dim)
         logits = q[..., part] @ k[..., part].transpose(1, 2) / math.sqrt(head_dim)
+        if bias is not None:
+            logits = logits + bias[:, h]
         logits = logits.masked_fill(~allowed[:, 0], float("-inf"))
         heads.append(logits.softmax(-1) @ v[..., part])
     return layer.output(torch.cat(heads, dim=-1))
@@ -96,6 +103,47 @@ def test_self_attention_matches_reference(
     x = torch.randn(2, 5, 8)
     allowed = attention_mask(torch.tensor([[F, F, T, T, T], [T, T, T, T, T]]), causal=True)
     torch.testing.assert_close(layer(x, allowed), _reference_attention(layer, x, allowed))
+
+
+def test_side_scores_are_per_head_scaled_dot_products_of_the_side_features() -> None:
+    torch.manual_seed(0)
+    scores = SideAttentionScores(side_dim=3, d_model=8, num_heads=2)
+    side = torch.randn(2, 5, 3)
+    query, key = scores.query_key(side).split(8, dim=-1)  # (B, T, D) each
+    for head in range(2):
+        part = slice(4 * head, 4 * (head + 1))
+        expected = query[..., part] @ key[..., part].transpose(1, 2) / 2.0  # sqrt(D/H) = 2
+        torch.testing.assert_close(scores(side)[:, head], expected)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_self_attention_adds_the_score_bias_to_its_logits(causal: bool) -> None:
+    torch.manual_seed(0)
+    layer = MultiHeadSelfAttention(d_model=8, num_heads=2, dropout=0.5).eval()
+    x = torch.randn(2, 5, 8)
+    bias = 3.0 * torch.randn(2, 2, 5, 5)
+    allowed = attention_mask(torch.tensor([[F, F, T, T, T], [T, T, T, T, T]]), causal=causal)
+    biased = layer(x, allowed, bias)
+    torch.testing.assert_close(biased, _reference_attention(layer, x, allowed, bias))
+    assert not torch.allclose(biased, layer(x, allowed))
+    # a bias on keys the mask forbids changes nothing: they stay excluded
+    forbidden = bias.masked_fill(~allowed, 1e4)
+    torch.testing.assert_close(layer(x, allowed, forbidden), biased)
+
+
+def test_block_takes_side_features_exactly_when_built_for_them() -> None:
+    padding_mask = torch.ones(2, 4, dtype=torch.bool)
+    mask = attention_mask(padding_mask, causal=True)
+    x, side = torch.randn(2, 4, 8), torch.randn(2, 4, 3)
+    plain = TransformerBlock(d_model=8, num_heads=2, ffn_dim=4, dropout=0.0)
+    with_side = TransformerBlock(d_model=8, num_heads=2, ffn_dim=4, dropout=0.0, side_dim=3)
+    assert with_side(x, mask, padding_mask, side).shape == (2, 4, 8)
+    with pytest.raises(ValueError, match=r"got side=\(2, 4, 3\) for side_dim=0"):
+        plain(x, mask, padding_mask, side)
+    with pytest.raises(ValueError, match=r"got side=None for side_dim=3"):
+        with_side(x, mask, padding_mask)
+    with pytest.raises(ValueError, match=r"side_dim=-1 is invalid: pass an integer >= 0"):
+        TransformerBlock(d_model=8, num_heads=2, ffn_dim=4, dropout=0.0, side_dim=-1)
 
 
 @pytest.mark.parametrize("norm_first", [True, False])
@@ -179,7 +227,7 @@ def test_block_mixes_low_pass_and_attention_by_filter_mix(norm_first: bool) -> N
     mask = attention_mask(padding_mask, causal=True)
     h = block.attention_norm(x) if norm_first else x
     mixed = 0.7 * block.low_pass(h, padding_mask) + 0.3 * block.attention(h, mask)
-    assert torch.allclose(block._mix(h, mask, padding_mask), mixed)
+    assert torch.allclose(block._mix(h, mask, padding_mask, None), mixed)
     out = block(x, mask, padding_mask)
     assert out.shape == (2, 5, 8) and torch.isfinite(out).all()
     assert TransformerBlock(**kwargs).low_pass is None  # filter_mix=0: attention only
