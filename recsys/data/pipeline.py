@@ -36,6 +36,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -545,38 +546,41 @@ def _prepare(
 
     parts.map("encode", encode)
     sequences = parts.scan("sequences")
-    # zstd level 1: as small as the default level (39 MiB for 10 M events), 0.1 s faster
-    sequences.sink_parquet(stage / SEQUENCES_FILE, compression_level=1)
-    quarantine = parts.scan("quarantine").pipe(raw_as_text)
-    quarantine.with_columns(
-        pl.col(EVENT_TYPE).cast(pl.String), attribute_sets(pl.col(ATTRIBUTES))
-    ).select(
-        pl.col(ROW).alias("row"),
-        pl.col(PROBLEM).alias("problem"),
-        pl.all().exclude(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE),
-        pl.col(RAW_TIMESTAMP).alias("raw_timestamp"),
-        pl.col(RAW_EVENT_TYPE).alias("raw_event_type"),
-    ).sort("row").sink_parquet(stage / QUARANTINE_FILE)
-    vocab.save(stage)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # Compressing the sequences keeps about one core busy; the quarantine, the vocabulary
+        # and the totals are written and counted on the other meanwhile. zstd level 1: as
+        # small as the default level (39 MiB for 10 M events), 0.1 s faster.
+        written = pool.submit(sequences.sink_parquet, stage / SEQUENCES_FILE, compression_level=1)
+        quarantine = parts.scan("quarantine").pipe(raw_as_text)
+        quarantine.with_columns(
+            pl.col(EVENT_TYPE).cast(pl.String), attribute_sets(pl.col(ATTRIBUTES))
+        ).select(
+            pl.col(ROW).alias("row"),
+            pl.col(PROBLEM).alias("problem"),
+            pl.all().exclude(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE),
+            pl.col(RAW_TIMESTAMP).alias("raw_timestamp"),
+            pl.col(RAW_EVENT_TYPE).alias("raw_event_type"),
+        ).sort("row").sink_parquet(stage / QUARANTINE_FILE)
+        vocab.save(stage)
+        totals = (
+            sequences.select(
+                pl.len().alias("users"),
+                pl.col(TRAIN_END).sum().alias("train_events"),
+                (pl.col(TRAIN_END) >= 2).sum().alias("train_users"),
+                (pl.col(VAL_TARGET) >= 0).sum().alias("val_targets"),
+                (pl.col(TEST_TARGET) >= 0).sum().alias("test_targets"),
+                *(
+                    [pl.col(SESSION_INDEX).list.max().add(1).sum().alias("sessions")]
+                    if has_sessions
+                    else []
+                ),
+            )
+            .collect(engine=parts.engine)
+            .row(0, named=True)
+        )
+        written.result()
     clock.lap("encode")
 
-    totals = (
-        pl.scan_parquet(stage / SEQUENCES_FILE)
-        .select(
-            pl.len().alias("users"),
-            pl.col(TRAIN_END).sum().alias("train_events"),
-            (pl.col(TRAIN_END) >= 2).sum().alias("train_users"),
-            (pl.col(VAL_TARGET) >= 0).sum().alias("val_targets"),
-            (pl.col(TEST_TARGET) >= 0).sum().alias("test_targets"),
-            *(
-                [pl.col(SESSION_INDEX).list.max().add(1).sum().alias("sessions")]
-                if has_sessions
-                else []
-            ),
-        )
-        .collect()
-        .row(0, named=True)
-    )
     items_hash = _frame_digest(item_table.collect()) if item_table is not None else None
     stats = {
         "source": name,
