@@ -20,6 +20,12 @@ An auxiliary loss, ``attribute_softmax``, asks the same query for the target ite
 softmax over the attribute vocabulary. Worked example (one row, scores [0, ln 2, 0] over three
 real attributes, target set {a1, a2}): ``-(log(1/4) + log(2/4)) / 2 = 1.0397``.
 
+A second auxiliary loss, ``info_nce``, is DuoRec's and CL4SRec's contrastive objective: two
+views of the same rows (the encoder run twice, so two dropout draws) should be closer to each
+other than to the other rows' views. Worked example (τ = 1, view a = view b = the rows
+[1, 0] and [0, 1]): every one of the 4 vectors has its positive at similarity 1 and two
+negatives at 0, so the loss is ``-log(e / (e + 2)) = 0.5514``.
+
 Worked example (one row, s⁺ = 2, one negative s⁻ = 0):
 ``bce = -log σ(2) - log(1 - σ(0)) = 0.1269 + 0.6931 = 0.8201``.
 """
@@ -70,6 +76,38 @@ def attribute_softmax(
     picked = log_p.gather(1, attributes[keep]).masked_fill(~real[keep], 0.0)  # (M', A)
     per_row = -picked.sum(dim=1) / count[keep]
     return _weighted_mean(per_row, None if weight is None else weight[keep])
+
+
+def info_nce(
+    view_a: torch.Tensor,
+    view_b: torch.Tensor,
+    temperature: float = 1.0,
+    labels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Contrastive loss between two views of M rows (DuoRec, Qiu et al. 2022; CL4SRec).
+
+    The 2M vectors are scored against each other by ``dot / temperature`` (DuoRec's ``dot``
+    similarity); each one's positive is the same row's other view, and the loss is the mean
+    cross-entropy of picking it among every other vector. With ``labels`` (e.g. the rows'
+    target items), rows that share a label are not negatives of each other: DuoRec's point
+    that sequences with the same next item are semantically alike. Fewer than two rows: 0.
+
+    Shapes: view_a, view_b (M, D); labels (M,) or None -> ().
+    """
+    rows = view_a.shape[0]
+    if rows < 2:
+        return view_a.new_zeros((), dtype=torch.float32)
+    vectors = torch.cat([view_a, view_b]).float()  # (2M, D)
+    logits = vectors @ vectors.T / temperature  # (2M, 2M)
+    index = torch.arange(2 * rows, device=logits.device)
+    positive = (index + rows) % (2 * rows)  # row i's other view
+    if labels is None:
+        excluded = index[:, None] == index[None, :]  # itself
+    else:
+        both = labels.repeat(2)  # (2M,)
+        excluded = both[:, None] == both[None, :]  # itself, its other view, same-label rows
+        excluded[index, positive] = False
+    return F.cross_entropy(logits.masked_fill(excluded, -math.inf), positive)
 
 
 def sampled_softmax(

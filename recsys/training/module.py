@@ -14,7 +14,10 @@ Training objective (``objective``):
   trained positions also predict their target item's attributes (``attribute_softmax``).
   With ``input_mask_prob > 0`` each real input token's item is replaced by UNK with that
   probability in training (CL4SRec's item mask, used as augmentation alone); targets,
-  behaviours and evaluation are untouched.
+  behaviours and evaluation are untouched. With ``contrastive_weight > 0`` the encoder runs a
+  second time on the batch (another dropout draw) and ``info_nce`` pulls each trained
+  position's two states together against the batch's other positions (DuoRec's unsupervised
+  augmentation; positions with the same target item are not negatives).
 - ``target_attention`` (ATRank's reference code): the last position's next item and
   ``num_negatives`` sampled items are scored by the target-attention head (candidate as the
   query over the history); a sampled loss, typically ``bce`` with one negative.
@@ -94,6 +97,8 @@ class SeqRecModule(pl.LightningModule):
         rerank_loss_weight: float = 0.5,
         attribute_loss_weight: float = 0.0,
         input_mask_prob: float = 0.0,
+        contrastive_weight: float = 0.0,
+        contrastive_temperature: float = 1.0,
         seen_items: str = "keep",
         sampled_metrics: Mapping[str, Any] | None = None,
         checkpoint_extra: dict | None = None,
@@ -112,14 +117,21 @@ class SeqRecModule(pl.LightningModule):
                 f"rerank_top_n={rerank_top_n} and rerank_loss_weight={rerank_loss_weight} "
                 "must be >= 0"
             )
+        attribute_loss_weight = _check_weight("attribute_loss_weight", attribute_loss_weight)
+        contrastive_weight = _check_weight("contrastive_weight", contrastive_weight)
         if (
-            isinstance(attribute_loss_weight, bool)
-            or not isinstance(attribute_loss_weight, (int, float))
-            or not 0 <= attribute_loss_weight < math.inf
+            isinstance(contrastive_temperature, bool)
+            or not isinstance(contrastive_temperature, (int, float))
+            or not 0 < contrastive_temperature < math.inf
         ):
             raise ValueError(
-                f"training.attribute_loss_weight={attribute_loss_weight!r} must be a number >= 0 "
-                "(0: off)"
+                f"training.contrastive_temperature={contrastive_temperature!r} must be a number "
+                "> 0 (DuoRec: 1.0)"
+            )
+        if contrastive_weight > 0 and objective != "retrieval":
+            raise ValueError(
+                "training.contrastive_weight > 0 contrasts the positions the retrieval objective "
+                f"trains: it needs objective=retrieval (got {objective!r}), or set it to 0"
             )
         if attribute_loss_weight > 0 and (
             objective != "retrieval" or not getattr(encoder, "predicts_attributes", False)
@@ -166,8 +178,10 @@ class SeqRecModule(pl.LightningModule):
         self.metric_ks = tuple(int(k) for k in metric_ks)
         self.rerank_top_n = rerank_top_n
         self.rerank_loss_weight = rerank_loss_weight
-        self.attribute_loss_weight = float(attribute_loss_weight)
+        self.attribute_loss_weight = attribute_loss_weight
         self.input_mask_prob = input_mask_prob
+        self.contrastive_weight = contrastive_weight
+        self.contrastive_temperature = float(contrastive_temperature)
         self.seen_items = seen_items
         self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
         self.checkpoint_extra = dict(checkpoint_extra or {})
@@ -186,6 +200,8 @@ class SeqRecModule(pl.LightningModule):
                 "rerank_loss_weight": rerank_loss_weight,
                 "attribute_loss_weight": attribute_loss_weight,
                 "input_mask_prob": input_mask_prob,
+                "contrastive_weight": contrastive_weight,
+                "contrastive_temperature": contrastive_temperature,
                 "seen_items": seen_items,
                 "sampled_metrics": dict(sampled_metrics or {}),
             }
@@ -310,6 +326,16 @@ class SeqRecModule(pl.LightningModule):
                 on_epoch=True,
             )
             loss = loss + self.attribute_loss_weight * attribute
+        if self.contrastive_weight > 0:
+            contrastive = self._contrastive_loss(output, batch, trained)  # retrieval only
+            self.log(
+                "train/contrastive_loss",
+                contrastive,
+                batch_size=len(batch),
+                on_step=False,
+                on_epoch=True,
+            )
+            loss = loss + self.contrastive_weight * contrastive
         if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
             rerank = self._rerank_loss(output, batch)
             self.log(
@@ -321,6 +347,17 @@ class SeqRecModule(pl.LightningModule):
             "train/loss", loss, prog_bar=True, batch_size=len(batch), on_step=False, on_epoch=True
         )
         return loss
+
+    def _contrastive_loss(self, output, batch: SeqBatch, trained: torch.Tensor) -> torch.Tensor:
+        """``info_nce`` between the trained positions' states and a second encoding of the same
+        batch (the encoder in training mode: a new dropout draw is the augmentation)."""
+        other = self(batch)
+        return losses.info_nce(
+            output.hidden[trained],
+            other.hidden[trained],
+            self.contrastive_temperature,
+            labels=batch.target_item[trained],
+        )
 
     def _rerank_loss(self, output, batch: SeqBatch) -> torch.Tensor:
         target = batch.target_item[:, -1]  # (B,) next item after the most recent event
@@ -447,6 +484,13 @@ class SeqRecModule(pl.LightningModule):
             "encoder_config": dict(self.encoder.config),
             **self.checkpoint_extra,
         }
+
+
+def _check_weight(option: str, value: object) -> float:
+    """A loss weight: a finite number >= 0 (0: the loss is off)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"training.{option}={value!r} must be a number >= 0 (0: off)")
+    return float(value)
 
 
 def _choice(option: str, value: object, allowed: Sequence[object]) -> None:

@@ -27,6 +27,42 @@ def test_full_softmax_matches_hand_computed_cross_entropy():
     assert weighted.item() == pytest.approx((row0 + 3 * row1) / 4, rel=1e-6)
 
 
+def test_info_nce_matches_the_worked_example():
+    rows = torch.eye(2)  # [1, 0] and [0, 1], both views the same
+    expected = -math.log(math.e / (math.e + 2))  # positive at 1, two negatives at 0
+    assert losses.info_nce(rows, rows).item() == pytest.approx(expected, rel=1e-6)
+    assert expected == pytest.approx(0.5514, abs=1e-4)
+    assert losses.info_nce(rows[:1], rows[:1]).item() == 0.0  # one row: nothing to contrast
+
+
+def _info_nce_brute_force(a, b, temperature, labels):
+    """Vector by vector: the other view is the positive, every vector of another label (or of
+    any other row without labels) a negative."""
+    vectors = torch.cat([a, b]).double()
+    rows = len(a)
+    both = None if labels is None else labels.repeat(2)
+    total = 0.0
+    for i in range(2 * rows):
+        positive = (i + rows) % (2 * rows)
+        candidates = [positive] + [
+            j
+            for j in range(2 * rows)
+            if j not in (i, positive) and (both is None or both[j] != both[i])
+        ]
+        sims = torch.stack([vectors[i] @ vectors[j] / temperature for j in candidates])
+        total += -(sims[0] - torch.logsumexp(sims, 0)).item()
+    return total / (2 * rows)
+
+
+@pytest.mark.parametrize("labels", [None, torch.tensor([5, 7, 5, 9, 7])])
+@pytest.mark.parametrize("temperature", [1.0, 0.2])
+def test_info_nce_matches_a_brute_force_reference(labels, temperature):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g)
+    got = losses.info_nce(a, b, temperature, labels)
+    assert got.item() == pytest.approx(_info_nce_brute_force(a, b, temperature, labels), rel=1e-5)
+
+
 def test_attribute_softmax_matches_the_worked_example():
     # columns: PAD, UNK, a1, a2, a3; scores [0, ln 2, 0] over the real ones
     logits = torch.tensor(

@@ -90,6 +90,7 @@ def train_loss(m: SeqRecModule, b: SeqBatch) -> torch.Tensor:
         {"loss": "full_softmax", "rerank_top_n": 20, "rerank_loss_weight": 0.5},
         {"loss": "full_softmax", "attribute_loss_weight": 0.5},
         {"loss": "full_softmax", "input_mask_prob": 0.3},
+        {"loss": "full_softmax", "contrastive_weight": 0.1},
     ],
     ids=[
         "ce",
@@ -101,6 +102,7 @@ def train_loss(m: SeqRecModule, b: SeqBatch) -> torch.Tensor:
         "ce+rerank",
         "ce+attr",
         "ce+mask",
+        "ce+contrastive",
     ],
 )
 def test_every_objective_and_loss_trains(kwargs):
@@ -185,6 +187,32 @@ def test_input_mask_turns_real_input_items_into_unk_and_trains_on_the_masked_bat
     torch.testing.assert_close(m(b).query, plain(b).query)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_contrastive_loss_pulls_two_dropout_draws_of_each_trained_position_together(causal):
+    enc = encoder(causal=causal, dropout=0.3)
+    m, b = module(enc, contrastive_weight=0.1, contrastive_temperature=0.5), batch()
+    m.train()
+    trained = m._trained_positions(b)
+    torch.manual_seed(7)
+    first = m(b)
+    second = m(b)  # the second draw the training step makes, in the same order
+    assert not torch.allclose(first.hidden, second.hidden)  # dropout differs between the two
+    ce = torch.nn.functional.cross_entropy(
+        m.encoder.score_items(first.hidden[trained]), b.target_item[trained]
+    )
+    contrastive = losses.info_nce(
+        first.hidden[trained], second.hidden[trained], 0.5, labels=b.target_item[trained]
+    )
+    assert contrastive > 0
+    torch.manual_seed(7)
+    torch.testing.assert_close(train_loss(m, b), ce + 0.1 * contrastive)
+    # off (weight 0): one pass, the plain loss
+    plain = module(enc)
+    plain.train()
+    torch.manual_seed(7)
+    torch.testing.assert_close(train_loss(plain, b), ce)
+
+
 def test_non_causal_encoder_trains_its_last_position_only():
     m, b = module(encoder(causal=False)), batch()
     output = m(b)
@@ -210,6 +238,14 @@ def test_non_causal_encoder_trains_its_last_position_only():
         ({"input_mask_prob": 1.0}, "input_mask_prob=1.0"),
         ({"input_mask_prob": -0.1}, "input_mask_prob=-0.1"),
         ({"input_mask_prob": True}, "input_mask_prob=True"),
+        ({"contrastive_weight": -0.1}, "contrastive_weight=-0.1"),
+        ({"contrastive_weight": "0.1"}, "contrastive_weight='0.1'"),
+        ({"contrastive_temperature": 0.0}, "contrastive_temperature=0.0"),
+        ({"contrastive_temperature": math.nan}, "contrastive_temperature=nan"),
+        (
+            {"contrastive_weight": 0.1, "objective": "target_attention", "loss": "bce"},
+            "contrastive_weight > 0 contrasts the positions the retrieval objective trains",
+        ),
         (
             {"attribute_loss_weight": 1.0, "objective": "target_attention", "loss": "bce"},
             "needs objective=retrieval",
