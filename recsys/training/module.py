@@ -307,46 +307,40 @@ class SeqRecModule(pl.LightningModule):
         if self.objective == "target_attention":
             loss = self._target_attention_loss(output, batch)
         else:
-            trained = self._trained_positions(batch)  # (B, T), shared with the attribute loss
+            trained = self._trained_positions(batch)  # (B, T), shared with the auxiliary losses
             loss = self._retrieval_loss(output, batch, trained)
+        self._log_train(f"{self.loss_name}_loss", loss, batch)
+        # auxiliary losses: (name, weight, how to compute it); the first two need trained
+        # positions, which the constructor guarantees (retrieval objective only)
+        auxiliary = (
+            ("attribute_loss", self.attribute_loss_weight, self._attribute_loss),
+            ("contrastive_loss", self.contrastive_weight, self._contrastive_loss),
+        )
+        for name, weight, compute in auxiliary:
+            if weight > 0:
+                value = compute(output, batch, trained)
+                self._log_train(name, value, batch)
+                loss = loss + weight * value
+        if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
+            rerank = self._rerank_loss(output, batch)
+            self._log_train("rerank_loss", rerank, batch)
+            loss = loss + self.rerank_loss_weight * rerank
+        self._log_train("loss", loss, batch, prog_bar=True)
+        return loss
+
+    def _log_train(
+        self, name: str, value: torch.Tensor, batch: SeqBatch, prog_bar: bool = False
+    ) -> None:
+        """Log ``train/<name>`` as a per-epoch mean: one point per epoch in MLflow, comparable
+        with the validation curves."""
         self.log(
-            f"train/{self.loss_name}_loss",
-            loss,
+            f"train/{name}",
+            value,
+            prog_bar=prog_bar,
             batch_size=len(batch),
             on_step=False,
             on_epoch=True,
         )
-        if self.attribute_loss_weight > 0:
-            attribute = self._attribute_loss(output, batch, trained)  # retrieval objective only
-            self.log(
-                "train/attribute_loss",
-                attribute,
-                batch_size=len(batch),
-                on_step=False,
-                on_epoch=True,
-            )
-            loss = loss + self.attribute_loss_weight * attribute
-        if self.contrastive_weight > 0:
-            contrastive = self._contrastive_loss(output, batch, trained)  # retrieval only
-            self.log(
-                "train/contrastive_loss",
-                contrastive,
-                batch_size=len(batch),
-                on_step=False,
-                on_epoch=True,
-            )
-            loss = loss + self.contrastive_weight * contrastive
-        if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
-            rerank = self._rerank_loss(output, batch)
-            self.log(
-                "train/rerank_loss", rerank, batch_size=len(batch), on_step=False, on_epoch=True
-            )
-            loss = loss + self.rerank_loss_weight * rerank
-        # per-epoch means: one point per epoch in MLflow, comparable with the val curves
-        self.log(
-            "train/loss", loss, prog_bar=True, batch_size=len(batch), on_step=False, on_epoch=True
-        )
-        return loss
 
     def _contrastive_loss(self, output, batch: SeqBatch, trained: torch.Tensor) -> torch.Tensor:
         """``info_nce`` between the trained positions' states and a second encoding of the same
