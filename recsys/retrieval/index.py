@@ -22,9 +22,11 @@ popularity scores go through the same rules as the model's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +149,9 @@ class FaissIndex:
     ``ef_construction``, ``nlist``). A job whose key has a file loads it instead of building;
     the query-time settings (``ef_search``, ``nprobe``) are applied after loading, so changing
     them reuses the file. A file that cannot be read is rebuilt and replaced (with a warning).
+    ``cache_keep``: how many index files the folder keeps (``None``: all); after each job the
+    least recently used others are deleted, so scheduled retraining does not fill the disk
+    with the indexes of retired models (loading or saving a file marks it used).
     """
 
     def __init__(
@@ -163,6 +168,7 @@ class FaissIndex:
         nprobe: int = 32,
         threads: int | None = None,
         cache_dir: str | Path | None = None,
+        cache_keep: int | None = 3,
     ) -> None:
         try:
             import faiss
@@ -188,14 +194,19 @@ class FaissIndex:
         elif kind == "ivf":
             build["nlist"] = min(_check_positive("faiss.nlist", nlist), max(1, len(vectors) // 39))
             nprobe = _check_positive("faiss.nprobe", nprobe)
+        if cache_keep is not None:
+            cache_keep = _check_positive("faiss.cache_keep", cache_keep)
         cache = None
         if cache_dir is not None:
-            cache = Path(cache_dir) / f"faiss-{_content_key(vectors, self.ids, build)}.index"
+            key = _content_key(vectors, self.ids, build)
+            cache = Path(cache_dir) / f"{_CACHE_PREFIX}{key}.index"
         index = _read_cached(faiss, cache, vectors.shape)
         if index is None:
             index = _build_faiss(faiss, vectors, **build)
             if cache is not None:
                 _write_cached(faiss, index, cache)
+        if cache is not None and cache_keep is not None:
+            _prune_cache(cache, cache_keep)
         if kind == "hnsw":
             index.hnsw.efSearch = ef_search
         elif kind == "ivf":
@@ -231,6 +242,7 @@ class FaissIndex:
 
 
 FAISS_KINDS = ("hnsw", "ivf", "flat")
+_CACHE_PREFIX = "faiss-"
 
 
 def _build_faiss(faiss, vectors: np.ndarray, *, kind: str, **build):
@@ -270,6 +282,8 @@ def _read_cached(faiss, path: Path | None, shape: tuple[int, int]):
         log.warning("faiss index cache %s could not be read (%s): building it again", path, err)
         return None
     log.info("faiss index loaded from the cache %s", path)
+    with contextlib.suppress(OSError):  # mark it used: pruning deletes the least recently used
+        os.utime(path)
     return index
 
 
@@ -288,6 +302,27 @@ def _write_cached(faiss, index, path: Path) -> None:
         )
         return
     log.info("faiss index saved to the cache %s", path)
+
+
+def _prune_cache(current: Path, keep: int) -> None:
+    """Delete the index files of ``current``'s folder beyond the ``keep`` most recently used
+    (``current``, just used, is always kept). Files another job removed meanwhile are skipped."""
+
+    def last_used(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:
+            return -math.inf
+
+    others = [p for p in current.parent.glob(f"{_CACHE_PREFIX}*.index") if p != current]
+    stale = sorted(others, key=last_used, reverse=True)[keep - 1 :]
+    for path in stale:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:  # e.g. a read-only folder: the job goes on
+            log.warning("faiss index cache %s could not be deleted (%s)", path, err)
+            continue
+        log.info("faiss index cache %s deleted (retrieval.faiss.cache_keep=%d)", path, keep)
 
 
 def build_index(

@@ -438,3 +438,36 @@ def test_a_faiss_cache_that_cannot_be_written_is_named_and_scoring_goes_on(tmp_p
     assert "not saved to the cache" in caplog.text and "retrieval.faiss.cache_dir" in caplog.text
     assert index.search(query, 3)[1].shape == (2, 3)
     assert [p.name for p in tmp_path.iterdir()] == ["cache"]
+
+
+def test_the_faiss_cache_keeps_the_most_recently_used_files(tmp_path, caplog):
+    pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
+    import os
+
+    from recsys.retrieval.index import FaissIndex
+
+    torch.manual_seed(0)
+    keys, bias = torch.randn(30, 8), torch.randn(30)
+    blocked = torch.zeros(30, dtype=torch.bool)
+
+    def job(shift: float, **settings) -> Path:
+        return FaissIndex(keys + shift, bias, blocked, kind="flat", cache_dir=tmp_path, **settings)
+
+    (tmp_path / "notes.txt").write_text("not an index: never deleted")
+    a = job(0.0, cache_keep=2).cache_file
+    os.utime(a, (100, 100))  # built long ago ...
+    b = job(1.0, cache_keep=2).cache_file
+    os.utime(b, (200, 200))
+    assert job(0.0, cache_keep=2).cache_file == a  # ... but loaded (used) again just now
+    with caplog.at_level("INFO", logger="recsys.retrieval.index"):
+        c = job(2.0, cache_keep=2).cache_file
+    # the least recently used file went, not the oldest build
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([a.name, c.name, "notes.txt"])
+    assert f"{b} deleted (retrieval.faiss.cache_keep=2)" in caplog.text
+    job(3.0, cache_keep=None)  # null: nothing is deleted
+    assert len(list(tmp_path.glob("faiss-*.index"))) == 3
+    job(4.0, cache_keep=1)  # keep 1: only the index this job used
+    assert [p.name for p in tmp_path.glob("faiss-*.index")] == [job(4.0).cache_file.name]
+    for wrong in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="retrieval.faiss.cache_keep"):
+            job(0.0, cache_keep=wrong)
