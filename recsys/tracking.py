@@ -36,7 +36,14 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class Tracker:
-    """One MLflow run (new, or resumed by ``run_id``), or nothing when ``enabled`` is False."""
+    """One MLflow run, or nothing when ``enabled`` is False.
+
+    The run is new, or an existing one: ``run_id`` attaches to it as it is;
+    ``continue_run_id`` (a resumed training) marks it running again, or opens a new run with a
+    warning when this store does not hold it. Parameters logged again keep their first value;
+    a changed one is recorded as the tag ``changed_param.<name>`` (MLflow refuses to change a
+    parameter), so a run resumed with, say, more epochs says so.
+    """
 
     def __init__(
         self,
@@ -47,6 +54,7 @@ class Tracker:
         artifact_root: str | None = None,
         run_name: str | None = None,
         run_id: str | None = None,
+        continue_run_id: str | None = None,
         tags: Mapping[str, str] | None = None,
         open_run: bool = True,
     ):
@@ -65,9 +73,11 @@ class Tracker:
                 parents=True, exist_ok=True
             )
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        if continue_run_id:
+            run_id = self._reopen(continue_run_id)
         if run_id:
-            self.run_id = self.client.get_run(run_id).info.run_id
-            self.experiment_id = self.client.get_run(run_id).info.experiment_id
+            info = self.client.get_run(run_id).info
+            self.run_id, self.experiment_id = info.run_id, info.experiment_id
         elif not open_run:  # a client only (registry look-ups)
             return
         else:
@@ -82,6 +92,24 @@ class Tracker:
             )
             self.run_id = run.info.run_id
         log.info("MLflow run %s at %s", self.run_id, self.tracking_uri)
+
+    def _reopen(self, run_id: str) -> str | None:
+        """Mark ``run_id`` running again; None (a new run) when this store does not hold it."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.update_run(run_id, status="RUNNING")
+        except MlflowException as err:
+            log.warning(
+                "MLflow run %s (of the checkpoint being resumed) is not in %s (%s): tracking "
+                "the resumed training in a new run",
+                run_id,
+                self.tracking_uri,
+                err,
+            )
+            return None
+        log.info("continuing MLflow run %s", run_id)
+        return run_id
 
     @classmethod
     def from_config(cls, logger_cfg: Mapping[str, Any] | None, **overrides: Any) -> Tracker:
@@ -98,15 +126,36 @@ class Tracker:
             return None
         from pytorch_lightning.loggers import MLFlowLogger
 
-        return MLFlowLogger(tracking_uri=self.tracking_uri, run_id=self.run_id)
+        tracker = self
+
+        class _Logger(MLFlowLogger):
+            # the module's hyperparameters go through log_params (a resumed run keeps them)
+            def log_hyperparams(self, params) -> None:
+                tracker.log_params(
+                    flatten(vars(params) if not isinstance(params, Mapping) else params)
+                )
+
+        return _Logger(tracking_uri=self.tracking_uri, run_id=self.run_id)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        if self.enabled:
-            from mlflow.entities import Param
+        """Log ``params``; a parameter the run has already keeps its value (MLflow cannot
+        change it), and a different new value is set as the tag ``changed_param.<name>``."""
+        if not self.enabled:
+            return
+        from mlflow.entities import Param
 
-            items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
-            for start in range(0, len(items), 100):  # MLflow's batch limit
-                self.client.log_batch(self.run_id, params=items[start : start + 100])
+        logged = self.client.get_run(self.run_id).data.params
+        values = {k: str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()}
+        items = [Param(k, v) for k, v in values.items() if k not in logged]
+        for start in range(0, len(items), 100):  # MLflow's batch limit
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
+        changed = {k: v for k, v in values.items() if k in logged and logged[k] != v}
+        if changed:
+            log.info(
+                "parameters changed since this run logged them (tags changed_param.*): %s",
+                ", ".join(f"{k} {logged[k]} -> {v}" for k, v in sorted(changed.items())),
+            )
+            self.set_tags({f"changed_param.{k}": v for k, v in changed.items()})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if self.enabled:

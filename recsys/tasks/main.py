@@ -23,7 +23,9 @@ class MainResult:
 
 
 def run(cfg: DictConfig) -> MainResult:
-    with use_tracker(None, cfg.logger, run_name=cfg.task_name) as tracker:
+    # a resumed training continues its MLflow run, and so does the rest of the job
+    run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
+    with use_tracker(None, cfg.logger, **run_settings) as tracker:
         trained = train.run(cfg, tracker=tracker)
         metrics = evaluate.run(
             cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, tracker=tracker

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,16 +101,14 @@ def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> Non
     )
 
 
-def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: str) -> Path | None:
-    """The checkpoint ``resume`` names (``None``: start fresh), checked against this run.
+RUN_ID_KEY = "mlflow_run_id"  # in the checkpoint's recsys entry: the run a resume continues
 
-    ``resume=last`` is the run folder's ``checkpoints/last.ckpt``, written after every
-    validation (``callbacks.last_checkpoint``), so a training that was interrupted (killed,
-    out of time) continues from its last finished epoch with ``paths.run_dir=<that run's
-    folder> resume=last``; any other value is a checkpoint path. Optimiser, scheduler, early
-    stopping, the best checkpoint so far, weight averaging and the training clock all
-    continue. The data and the encoder settings must be those the checkpoint was trained with.
-    """
+
+def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:
+    """``resume``'s value, the checkpoint it names and that checkpoint's recsys entry (read
+    memory-mapped and ``weights_only``: the weights and optimiser state, GBs on a large
+    catalogue, are read once, by Lightning, and nothing but tensors and plain values is
+    unpickled); ``None`` without ``resume``."""
     value = cfg.get("resume")
     if value is None:
         return None
@@ -126,9 +125,40 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
         path, fix = Path(str(value)), "give an existing checkpoint, or drop resume to start fresh"
     if not path.is_file():
         raise FileNotFoundError(f"resume={value}: checkpoint {path} does not exist: {fix}")
-    saved = torch.load(path, map_location="cpu", weights_only=False).get(CHECKPOINT_KEY)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as err:
+        raise ValueError(
+            f"resume={value}: {path} could not be read as a training checkpoint ({err})"
+        ) from err
+    saved = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     if saved is None:
         raise ValueError(f"resume={value}: {path} is not a recsys training checkpoint")
+    return str(value), path, saved
+
+
+def resumed_run_id(cfg: DictConfig) -> str | None:
+    """The MLflow run of the training that ``resume`` continues (``None``: no resume, or it
+    was not tracked): the job tracks its rest into that same run."""
+    target = _resume_target(cfg)
+    return None if target is None else target[2].get(RUN_ID_KEY)
+
+
+def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: str) -> Path | None:
+    """The checkpoint ``resume`` names (``None``: start fresh), checked against this run.
+
+    ``resume=last`` is the run folder's ``checkpoints/last.ckpt``, written after every
+    validation (``callbacks.last_checkpoint``), so a training that was interrupted (killed,
+    out of time) continues from its last finished epoch with ``paths.run_dir=<that run's
+    folder> resume=last``; any other value is a checkpoint path. Optimiser, scheduler, early
+    stopping, the best checkpoint so far, weight averaging, the training clock and the MLflow
+    run all continue. The data and the encoder settings must be those the checkpoint was
+    trained with.
+    """
+    target = _resume_target(cfg)
+    if target is None:
+        return None
+    value, path, saved = target
     if saved["data_fingerprint"] != fingerprint:
         raise ValueError(
             f"resume={value}: {path} was trained on other data (fingerprint "
@@ -140,9 +170,9 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
         for k, v in dict(encoder.config).items()
         if saved["encoder_config"].get(k) != v
     }
-    target = f"{type(encoder).__module__}.{type(encoder).__qualname__}"
-    if saved["encoder_target"] != target:
-        changed["encoder"] = (saved["encoder_target"], target)
+    target_name = f"{type(encoder).__module__}.{type(encoder).__qualname__}"
+    if saved["encoder_target"] != target_name:
+        changed["encoder"] = (saved["encoder_target"], target_name)
     if changed:
         raise ValueError(
             f"resume={value}: {path} holds another model (checkpoint -> this run: "
@@ -171,11 +201,16 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
         ),
     )
     resume = resume_checkpoint(cfg, encoder, datamodule.stats["fingerprint"])
-    with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
+    continued = resumed_run_id(cfg) if tracker is None else None  # (else the caller's run)
+    with use_tracker(
+        tracker, cfg.logger, run_name=cfg.task_name, continue_run_id=continued
+    ) as tracker:
         tracker.set_tags({"data.fingerprint": datamodule.stats["fingerprint"], "task": "train"})
         if resume is not None:
             tracker.set_tags({"train.resumed_from": str(resume)})
             log.info("resuming training from %s", resume)
+        if tracker.run_id is not None:  # a later resume continues this run
+            module.checkpoint_extra[RUN_ID_KEY] = tracker.run_id
         log_run_inputs(tracker, cfg, prepared_dir)
 
         # a callback set to null is off (callbacks.weight_averaging by default)
@@ -183,7 +218,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
         trainer = instantiate(
             cfg.trainer, logger=tracker.lightning_logger() or False, callbacks=[*callbacks.values()]
         )
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
 
         checkpoint_cb = callbacks.get("model_checkpoint")  # the best one (last_checkpoint: latest)
         if checkpoint_cb is None or not checkpoint_cb.best_model_path:

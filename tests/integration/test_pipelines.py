@@ -371,28 +371,43 @@ def test_weight_averaging_checkpoint_holds_the_validated_average(make_config, ta
     assert make_config("config", TINY).callbacks.weight_averaging is None  # off by default
 
 
-def test_interrupted_training_resumes_from_its_last_epoch(make_config):
+def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypatch):
     """resume=last continues the run folder's last.ckpt: epochs, optimiser steps, the training
-    clock and the best checkpoint carry on from where the first call stopped; a checkpoint of
-    other data or another model is refused, naming the difference."""
+    clock, the best checkpoint and the MLflow run carry on from where the first call stopped; a
+    checkpoint of other data or another model is refused, naming the difference."""
     import torch
 
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     ema = "callbacks.weight_averaging={_target_: pytorch_lightning.callbacks.EMAWeightAveraging}"
-    base = [*TINY, "logger=none", "callbacks.early_stopping.patience=50", ema]
-    first = train.run(make_config("config", [*base, "trainer.max_epochs=2"]))
+    base = [*TINY, "callbacks.early_stopping.patience=50", ema]
+    first_cfg = make_config("config", [*base, "trainer.max_epochs=2"])
+    first = train.run(first_cfg)
     last = first.checkpoint.parent / "last.ckpt"
-    steps = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    steps = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
     assert [e["epoch"] for e in first.history] == [0.0, 1.0]
 
     resumed = train.run(make_config("config", [*base, "trainer.max_epochs=3", "resume=last"]))
     assert [e["epoch"] for e in resumed.history] == [0.0, 1.0, 2.0]
     assert resumed.history[:2] == first.history  # restored, not trained again
     assert resumed.train_seconds > first.train_seconds
-    final = torch.load(last, map_location="cpu", weights_only=False)
+    final = torch.load(last, map_location="cpu", weights_only=True)
     assert final["global_step"] == steps * 3 // 2
     assert final["epoch"] == 2
     best_val = max(e["val/ndcg_at_10"] for e in resumed.history)
     assert resumed.best_val["best/val_ndcg_at_10"] == pytest.approx(best_val)
+
+    # one MLflow run for the whole training: the resumed call continued the first one's
+    client = MlflowClient(tracking_uri=first_cfg.logger.tracking_uri)
+    run_id = first.run.split()[2]
+    assert resumed.run == first.run and final["recsys"]["mlflow_run_id"] == run_id
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    epochs = [m.step for m in client.get_metric_history(run_id, "val/ndcg_at_10")]
+    assert len(epochs) == 3 and epochs == sorted(epochs)
+    assert run.data.params["trainer.max_epochs"] == "2"  # first value kept; the change is a tag
+    assert run.data.tags["changed_param.trainer.max_epochs"] == "3"
+    assert run.data.tags["changed_param.resume"] == "last"
+    assert run.data.tags["train.resumed_from"] == str(last)
 
     again = [*base, "trainer.max_epochs=4", "resume=last"]
     with pytest.raises(ValueError, match=r"holds another model .*d_model 16 -> 32"):

@@ -53,3 +53,31 @@ def test_environment_variable_wins(tmp_path, monkeypatch):
     tracker = Tracker(tracking_uri=f"sqlite:///{tmp_path / 'cfg.db'}", experiment_name="e")
     assert tracker.tracking_uri == uri
     assert (tmp_path / "env.db").exists() and not (tmp_path / "cfg.db").exists()
+
+
+def test_continued_run_keeps_its_parameters_and_tags_the_changed_ones(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(tracking_uri=uri, experiment_name="e", run_name="train")
+    first.log_params({"epochs": 2, "lr": 0.1})
+    first.finish("FAILED")  # e.g. the job was interrupted
+
+    with caplog.at_level("INFO", logger="recsys.tracking"):
+        again = Tracker(tracking_uri=uri, experiment_name="e", continue_run_id=first.run_id)
+    assert again.run_id == first.run_id and "continuing MLflow run" in caplog.text
+    assert again.client.get_run(first.run_id).info.status == "RUNNING"
+    with caplog.at_level("INFO", logger="recsys.tracking"):
+        again.log_params({"epochs": 3, "lr": 0.1, "resume": "last"})  # MLflow alone refuses
+    again.finish()
+    run = again.client.get_run(first.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"epochs": "2", "lr": "0.1", "resume": "last"}
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("changed_param.")} == {
+        "changed_param.epochs": "3"
+    }
+    assert "epochs 2 -> 3" in caplog.text
+
+    # a run this store does not hold (another tracking URI): a new run, with a warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="recsys.tracking"):
+        other = Tracker(tracking_uri=uri, experiment_name="e", continue_run_id="0" * 32)
+    assert other.run_id not in (None, first.run_id) and "in a new run" in caplog.text
