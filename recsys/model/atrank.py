@@ -53,6 +53,7 @@ from recsys.model.layers import (
     FFN_ACTIVATIONS,
     POSITION_ORIGINS,
     QKV_ACTIVATIONS,
+    Dropout,
     TransformerBlock,
     _check_bool,
     _check_choice,
@@ -341,7 +342,7 @@ class ATRank(nn.Module):
         )
         # DIF-SR normalises its attribute features once and hands them to every layer.
         self.side_norm = nn.LayerNorm(attribute_dim) if attribute_attention else None
-        self.side_dropout = nn.Dropout(dropout)
+        self.side_dropout = Dropout(dropout)
         # Post-norm blocks already end in a LayerNorm; a pre-norm stack needs one at the end.
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
 

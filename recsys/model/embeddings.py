@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from recsys.model.layers import (
+    Dropout,
     LearnedPositionalEncoding,
     SinusoidalPositionalEncoding,
     _check_bool,
     _check_choice,
-    _check_dropout,
     _check_int,
 )
 from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
@@ -184,7 +184,7 @@ class BehaviorAwareEmbedding(nn.Module):
         self.token_norm = (
             nn.LayerNorm(self.d_model) if _check_bool("token_norm", token_norm) else None
         )
-        self.dropout = nn.Dropout(_check_dropout("dropout", dropout))
+        self.dropout = Dropout(dropout)
 
     @torch.no_grad()
     def set_item_attributes(self, item_attributes: torch.Tensor) -> None:

@@ -213,6 +213,33 @@ class SideAttentionScores(nn.Module):
         return query @ key.transpose(-1, -2) / self.head_dim**0.5  # (B, H, T, T)
 
 
+class Dropout(nn.Module):
+    """``nn.Dropout`` with a faster mask on CPU; every recsys model uses it.
+
+    On CPU, ``F.dropout`` draws its mask with ``bernoulli_``, about 25 ns per element on one
+    thread: a quarter of a training step of BSARec's recipe on Beauty. Thresholding
+    ``torch.rand_like`` gives the same Bernoulli(1 - p) keep mask, scaled by 1 / (1 - p), 2-2.6x
+    faster forward and backward (``python -m benchmarks.dropout_benchmark``). Other devices use
+    ``F.dropout`` and its fused kernels. The two draw different random numbers, so a seed gives
+    other masks on CPU than ``nn.Dropout`` did; the distribution is the same.
+    """
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = _check_dropout("dropout", p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, True)
+        scale = (torch.rand_like(x) >= self.p).to(x.dtype).mul_(1.0 / (1.0 - self.p))
+        return x * scale
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class FeedForward(nn.Module):
     """Position-wise MLP: Linear(D, hidden) -> activation -> dropout -> Linear(hidden, D)."""
 
@@ -226,7 +253,7 @@ class FeedForward(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(d_model, hidden_dim),
             nn.GELU() if activation == "gelu" else nn.ReLU(),
-            nn.Dropout(_check_dropout("dropout", dropout)),
+            Dropout(dropout),
             nn.Linear(hidden_dim, d_model),
         )
 
@@ -304,7 +331,7 @@ class TransformerBlock(nn.Module):
         )
         self.attention_norm = nn.LayerNorm(d_model)
         self.feed_forward_norm = nn.LayerNorm(d_model)
-        self.residual_dropout = nn.Dropout(dropout)
+        self.residual_dropout = Dropout(dropout)
 
     def forward(
         self,

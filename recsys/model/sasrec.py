@@ -29,6 +29,7 @@ from torch import nn
 from recsys.model.atrank import _candidate_scores
 from recsys.model.embeddings import _check_embedding_std, _init_table
 from recsys.model.layers import (
+    Dropout,
     LearnedPositionalEncoding,
     TransformerBlock,
     _check_dropout,
@@ -112,7 +113,7 @@ class SASRec(nn.Module):
         self.position = LearnedPositionalEncoding(
             max_seq_len=max_seq_len, d_model=d_model, origin=position_origin
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 d_model=d_model,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from recsys.model.layers import (
+    Dropout,
     FeedForward,
     LearnedPositionalEncoding,
     LowPassFilter,
@@ -313,3 +314,41 @@ def test_constructor_messages() -> None:
         FeedForward(d_model=8, hidden_dim=4, dropout=1.0)
     with pytest.raises(ValueError, match=r"activation='swish' is not supported"):
         FeedForward(d_model=8, hidden_dim=4, dropout=0.0, activation="swish")
+
+
+def test_dropout_keeps_each_value_with_probability_1_minus_p_scaled_up() -> None:
+    """The CPU mask (uniform draws >= p) is nn.Dropout's Bernoulli(1 - p), scaled by 1/(1-p)."""
+    torch.manual_seed(0)
+    x = torch.rand(200, 500) + 1.0  # no zeros of its own
+    x.requires_grad_(True)
+    dropout = Dropout(0.3).train()
+    out = dropout(x)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.005  # 100 k draws: ~0.0015 std
+    torch.testing.assert_close(out[kept], x[kept] / 0.7)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, kept.float() / 0.7)  # the gradient takes the same mask
+    # a seed gives the same mask; evaluation mode and p 0 change nothing
+    torch.manual_seed(1)
+    first = dropout(x)
+    torch.manual_seed(1)
+    assert torch.equal(dropout(x), first)
+    assert dropout.eval()(x) is x and Dropout(0.0).train()(x) is x
+    for wrong in (1.0, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match="dropout="):
+            Dropout(wrong)
+
+
+def test_dropout_off_the_cpu_is_torch_dropout() -> None:
+    """Other devices take F.dropout (fused kernels): on the meta device, shapes only."""
+    x = torch.empty(4, 8, device="meta")
+    out = Dropout(0.5).train()(x)
+    assert out.device.type == "meta" and out.shape == x.shape
+
+
+@pytest.mark.gpu
+def test_dropout_on_the_gpu_keeps_1_minus_p() -> None:
+    x = torch.ones(1000, 1000, device="cuda")
+    out = Dropout(0.25).train()(x)
+    assert abs((out != 0).float().mean().item() - 0.75) < 0.005
+    torch.testing.assert_close(out[out != 0], torch.full_like(out[out != 0], 1 / 0.75))
