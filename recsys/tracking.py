@@ -131,9 +131,7 @@ class Tracker:
         class _Logger(MLFlowLogger):
             # the module's hyperparameters go through log_params (a resumed run keeps them)
             def log_hyperparams(self, params) -> None:
-                tracker.log_params(
-                    flatten(vars(params) if not isinstance(params, Mapping) else params)
-                )
+                tracker.log_params(flatten(params if isinstance(params, Mapping) else vars(params)))
 
         return _Logger(tracking_uri=self.tracking_uri, run_id=self.run_id)
 
