@@ -20,7 +20,9 @@ class SeqRecDataModule(pl.LightningDataModule):
     ``train_samples``: ``"windows"`` (:class:`~recsys.data.dataset.TrainWindows`, every
     position of a window a target: the fast default for causal encoders) or ``"prefixes"``
     (:class:`~recsys.data.dataset.TrainPrefixes`, one row per target, the last position
-    trained: the S3-Rec family's form, for non-causal encoders).
+    trained: the S3-Rec family's form, for non-causal encoders). ``partners`` (prefixes only)
+    adds each training row's same-target partner to its batch (DuoRec's supervised positive,
+    for ``training.contrastive_positive=same_target``).
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class SeqRecDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         train_samples: str = "windows",
+        partners: bool = False,
     ):
         super().__init__()
         if train_samples not in TRAIN_SAMPLES:
@@ -41,7 +44,14 @@ class SeqRecDataModule(pl.LightningDataModule):
                 f"{list(TRAIN_SAMPLES)} (windows: every position a target; prefixes: one row "
                 "per target)"
             )
+        if partners and train_samples != "prefixes":
+            raise ValueError(
+                "same-target partners (training.contrastive_positive=same_target) pair training "
+                "rows by their one target: they need data.loader.train_samples=prefixes, got "
+                f"{train_samples!r}"
+            )
         self.train_samples = train_samples
+        self.partners = bool(partners)
         self.prepared_dir = Path(prepared_dir)
         self.stats = load_stats(self.prepared_dir)
         self.vocab = Vocab.load(self.prepared_dir)
@@ -62,7 +72,8 @@ class SeqRecDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
-        windows = TRAIN_SAMPLES[self.train_samples](self.store, **self._settings())
+        extra = {"partners": True} if self.partners else {}
+        windows = TRAIN_SAMPLES[self.train_samples](self.store, **self._settings(), **extra)
         return batch_loader(
             windows,
             batch_size=self.batch_size,

@@ -241,9 +241,21 @@ class TrainPrefixes(_BatchDataset):
     events is encoded ``n - 1`` times. Batches are :class:`SeqBatch` training batches whose
     ``target_item`` is 0 (none) everywhere but the last position. Example (events e0..e3):
     rows [e0] -> e1, [e0 e1] -> e2, [e0 e1 e2] -> e3.
+
+    With ``partners`` a batch of B rows has 2B: rows ``B + i`` are row ``i``'s *partner*, another
+    training row with the same target item drawn at random on every call (the row itself
+    when no other row has that target; DuoRec's supervised positive). Partner rows have no
+    target (0), so only the first B rows are trained; a contrastive loss pairs the halves.
     """
 
-    def __init__(self, store: SequenceStore, *, max_seq_len: int, time_buckets: TimeBuckets):
+    def __init__(
+        self,
+        store: SequenceStore,
+        *,
+        max_seq_len: int,
+        time_buckets: TimeBuckets,
+        partners: bool = False,
+    ):
         super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
         targets = np.maximum(store.train_lengths - 1, 0)  # events 1 .. n-1 of each user
         self.rows, rank = _rows_and_ranks(targets)
@@ -251,6 +263,17 @@ class TrainPrefixes(_BatchDataset):
         base = store.offsets[self.rows]
         self.end = base + local  # the target's flat index: the input ends just before it
         self.start = base + np.maximum(local - max_seq_len, 0)
+        self.partners = bool(partners)
+        if self.partners:
+            # rows sorted by target item: each row's group of same-target rows is a slice
+            self._by_target = np.argsort(store.item[self.end], kind="stable")
+            self._place = np.empty_like(self._by_target)
+            self._place[self._by_target] = np.arange(len(self._by_target))
+            _, group_start, group_size = np.unique(
+                store.item[self.end][self._by_target], return_index=True, return_counts=True
+            )
+            self._group_start = np.repeat(group_start, group_size)  # per sorted place
+            self._group_size = np.repeat(group_size, group_size)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -259,8 +282,19 @@ class TrainPrefixes(_BatchDataset):
     def input_lengths(self) -> np.ndarray:
         return self.end - self.start
 
+    def partner_of(self, indices: np.ndarray) -> np.ndarray:
+        """A random other row with the same target item for each row (itself if none): a
+        uniform draw among the other rows of its group, from torch's random stream."""
+        place = self._place[indices]
+        start, size = self._group_start[place], self._group_size[place]
+        draw = torch.rand(len(indices), dtype=torch.float64).numpy()
+        step = 1 + np.minimum((draw * (size - 1)).astype(np.int64), np.maximum(size - 2, 0))
+        return self._by_target[start + (place - start + step) % size]
+
     def __getitem__(self, indices: list[int]) -> SeqBatch:
         i = np.asarray(indices)
+        if self.partners:
+            i = np.concatenate([i, self.partner_of(i)])
         batch = self.store.gather(
             self.rows[i],
             self.start[i],
@@ -272,6 +306,9 @@ class TrainPrefixes(_BatchDataset):
         # only the last position's target is this row's; the others belong to other rows
         batch.target_item[:, :-1] = 0
         batch.target_behavior[:, :-1] = 0
+        if self.partners:  # partner rows are inputs only
+            batch.target_item[len(indices) :] = 0
+            batch.target_behavior[len(indices) :] = 0
         return batch
 
 

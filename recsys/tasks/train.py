@@ -21,6 +21,7 @@ from recsys.data.vocab import Vocab
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, use_tracker
 from recsys.training.callbacks import TrainingClock
+from recsys.training.module import same_target_partners
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
         prepared_dir,
         max_seq_len=cfg.data.max_seq_len,
         seed=cfg.seed,
+        partners=same_target_partners(
+            cfg.training.get("contrastive_weight", 0.0),
+            cfg.training.get("contrastive_positive", "dropout"),
+        ),
         **to_container(cfg.data.loader),
     )
 

@@ -17,7 +17,10 @@ Training objective (``objective``):
   behaviours and evaluation are untouched. With ``contrastive_weight > 0`` the encoder runs a
   second time on the batch (another dropout draw) and ``info_nce`` pulls each trained
   position's two states together against the batch's other positions (DuoRec's unsupervised
-  augmentation; positions with the same target item are not negatives).
+  augmentation; positions with the same target item are not negatives). With
+  ``contrastive_positive="same_target"`` the second state is instead that of another training
+  row with the same target item, which the data module adds to every batch (DuoRec's
+  supervised positive; ``data.loader.train_samples=prefixes``), and the encoder runs once.
 - ``target_attention`` (ATRank's reference code): the last position's next item and
   ``num_negatives`` sampled items are scored by the target-attention head (candidate as the
   query over the history); a sampled loss, typically ``bce`` with one negative.
@@ -63,6 +66,15 @@ from recsys.training.metrics import (
 )
 
 OBJECTIVES = ("retrieval", "target_attention")
+CONTRASTIVE_POSITIVES = ("dropout", "same_target")
+
+
+def same_target_partners(contrastive_weight: object, contrastive_positive: object) -> bool:
+    """Whether training batches must carry same-target partner rows (the data module's
+    ``partners``): the contrastive loss is on and takes them as positives."""
+    _choice("training.contrastive_positive", contrastive_positive, CONTRASTIVE_POSITIVES)
+    weight = _check_weight("contrastive_weight", contrastive_weight)
+    return weight > 0 and contrastive_positive == "same_target"
 
 
 class SeqRecModule(pl.LightningModule):
@@ -99,6 +111,7 @@ class SeqRecModule(pl.LightningModule):
         input_mask_prob: float = 0.0,
         contrastive_weight: float = 0.0,
         contrastive_temperature: float = 1.0,
+        contrastive_positive: str = "dropout",
         seen_items: str = "keep",
         sampled_metrics: Mapping[str, Any] | None = None,
         checkpoint_extra: dict | None = None,
@@ -119,6 +132,7 @@ class SeqRecModule(pl.LightningModule):
             )
         attribute_loss_weight = _check_weight("attribute_loss_weight", attribute_loss_weight)
         contrastive_weight = _check_weight("contrastive_weight", contrastive_weight)
+        _choice("training.contrastive_positive", contrastive_positive, CONTRASTIVE_POSITIVES)
         if (
             isinstance(contrastive_temperature, bool)
             or not isinstance(contrastive_temperature, (int, float))
@@ -182,6 +196,7 @@ class SeqRecModule(pl.LightningModule):
         self.input_mask_prob = input_mask_prob
         self.contrastive_weight = contrastive_weight
         self.contrastive_temperature = float(contrastive_temperature)
+        self.partners = same_target_partners(contrastive_weight, contrastive_positive)
         self.seen_items = seen_items
         self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
         self.checkpoint_extra = dict(checkpoint_extra or {})
@@ -202,6 +217,7 @@ class SeqRecModule(pl.LightningModule):
                 "input_mask_prob": input_mask_prob,
                 "contrastive_weight": contrastive_weight,
                 "contrastive_temperature": contrastive_temperature,
+                "contrastive_positive": contrastive_positive,
                 "seen_items": seen_items,
                 "sampled_metrics": dict(sampled_metrics or {}),
             }
@@ -343,14 +359,30 @@ class SeqRecModule(pl.LightningModule):
         )
 
     def _contrastive_loss(self, output, batch: SeqBatch, trained: torch.Tensor) -> torch.Tensor:
-        """``info_nce`` between the trained positions' states and a second encoding of the same
-        batch (the encoder in training mode: a new dropout draw is the augmentation)."""
-        other = self(batch)
+        """``info_nce`` between the trained positions' states and their positives: a second
+        encoding of the same batch (the encoder in training mode: a new dropout draw is the
+        augmentation), or with ``partners`` the last state of each row's partner row."""
+        if not self.partners:
+            other = self(batch)
+            return losses.info_nce(
+                output.hidden[trained],
+                other.hidden[trained],
+                self.contrastive_temperature,
+                labels=batch.target_item[trained],
+            )
+        half = len(batch) // 2  # rows [half, 2 half) are the partners of rows [0, half)
+        if len(batch) % 2 or trained[half:].any() or trained[:half, :-1].any():
+            raise ValueError(
+                "training.contrastive_positive=same_target needs batches of training rows "
+                "followed by their same-target partners (TrainPrefixes(partners=True): "
+                "data.loader.train_samples=prefixes, built by recsys.tasks.train)"
+            )
+        rows = trained[:half, -1]
         return losses.info_nce(
-            output.hidden[trained],
-            other.hidden[trained],
+            output.hidden[:half, -1][rows],
+            output.hidden[half:, -1][rows],
             self.contrastive_temperature,
-            labels=batch.target_item[trained],
+            labels=batch.target_item[:half, -1][rows],
         )
 
     def _rerank_loss(self, output, batch: SeqBatch) -> torch.Tensor:

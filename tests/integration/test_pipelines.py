@@ -454,6 +454,30 @@ def test_faithful_preset_trains_on_every_prefix(make_config):
         train.run(bad)
 
 
+def test_same_target_contrastive_loss_trains_through_the_real_tasks(make_config):
+    """training.contrastive_positive=same_target: the data module adds each row's same-target
+    partner to the batch (the module refuses batches without them); without prefixes it is
+    refused up front."""
+    same_target = ["training.contrastive_weight=0.1", "training.contrastive_positive=same_target"]
+    overrides = [
+        *TINY,
+        "logger=none",
+        "trainer.max_epochs=1",
+        "model.causal=false",
+        "data.loader.train_samples=prefixes",
+        *same_target,
+    ]
+    import torch
+
+    trained = train.run(make_config("config", overrides))
+    best = torch.load(trained.checkpoint, map_location="cpu", weights_only=False)
+    assert best["hyper_parameters"]["contrastive_positive"] == "same_target"
+    assert trained.best_val["best/val_ndcg_at_10"] >= 0
+    bad = make_config("config", [*TINY, "logger=none", *same_target])
+    with pytest.raises(ValueError, match=r"need data.loader.train_samples=prefixes"):
+        train.run(bad)
+
+
 def test_cli_overrides_and_multirun_sweep(tmp_path):
     """The README's command-line forms: overrides and a -m sweep over num_heads."""
     out = tmp_path / "outputs"

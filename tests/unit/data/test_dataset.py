@@ -203,16 +203,22 @@ def test_train_windows_left_padding_is_all_zero(store):
     assert batch.padding_mask[:, -1].all()
 
 
-def random_store(seed: int, num_users: int = 40) -> SequenceStore:
+def random_store(seed: int, num_users: int = 40, num_items: int | None = None) -> SequenceStore:
+    """Random histories; every event its own item (flat index + 10), or with ``num_items``
+    items drawn from 2 .. num_items + 1."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 25, size=num_users)
     train_end = np.array([rng.integers(0, n + 1) for n in lengths])
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     times = [np.sort(rng.integers(0, 10**6, size=n)) for n in lengths]
+    if num_items is None:
+        items = [list(range(offsets[u] + 10, offsets[u + 1] + 10)) for u in range(num_users)]
+    else:
+        items = [rng.integers(2, num_items + 2, size=n).tolist() for n in lengths]
     frame = pl.DataFrame(
         {
             USER: [f"u{i}" for i in range(num_users)],
-            ITEMS: [list(range(offsets[u] + 10, offsets[u + 1] + 10)) for u in range(num_users)],
+            ITEMS: items,
             BEHAVIORS: [[2] * n for n in lengths],
             TIMES: [t.tolist() for t in times],
             TRAIN_END: train_end,
@@ -456,3 +462,46 @@ def test_train_prefixes_predict_every_training_target_once_from_the_events_befor
         np.testing.assert_array_equal(got, expected)
         assert target < first + store.train_end[user]  # never a validation or test event
     np.testing.assert_array_equal(prefixes.input_lengths, batch.padding_mask.sum(dim=1).numpy())
+
+
+def test_train_prefix_partners_share_the_target_and_are_drawn_uniformly():
+    store = random_store(seed=5, num_users=60, num_items=150)
+    plain = TrainPrefixes(store, max_seq_len=4, time_buckets=BUCKETS)
+    paired = TrainPrefixes(store, max_seq_len=4, time_buckets=BUCKETS, partners=True)
+    every = np.arange(len(plain))
+    targets = store.item[plain.end]  # each row's target item
+    rows = every[:50]
+    torch.manual_seed(0)
+    batch = paired[list(rows)]
+    half = len(rows)
+    assert len(batch) == 2 * half
+    # the first half is the plain batch; the partner half has no targets
+    alone = plain[list(rows)]
+    width = alone.item.shape[1]
+    torch.testing.assert_close(batch.item[:half, -width:], alone.item)
+    torch.testing.assert_close(batch.target_item[:half, -1], alone.target_item[:, -1])
+    assert (batch.target_item[half:] == 0).all() and (batch.target_behavior[half:] == 0).all()
+    # each partner is another row with the same target (itself only when the target is unique)
+    torch.manual_seed(0)
+    partner = paired.partner_of(rows)
+    np.testing.assert_array_equal(targets[partner], targets[rows])
+    group_size = np.array([(targets == t).sum() for t in targets[rows]])
+    np.testing.assert_array_equal(partner == rows, group_size == 1)
+    assert (group_size > 1).any() and (group_size == 1).any()
+    # the partner half is those rows' inputs
+    partners_alone = plain[list(partner)]
+    width = partners_alone.item.shape[1]
+    torch.testing.assert_close(batch.item[half:, -width:], partners_alone.item)
+    # uniform over the other rows with the same target, and seeded
+    row = int(np.argmax([(targets == t).sum() for t in targets]))
+    others = np.flatnonzero(targets == targets[row])
+    others = others[others != row]
+    drawn = np.concatenate([paired.partner_of(np.full(2000, row)) for _ in range(3)])
+    counts = np.array([(drawn == o).sum() for o in others])
+    assert counts.sum() == len(drawn)
+    expected = len(drawn) / len(others)
+    assert (np.abs(counts - expected) < 5 * np.sqrt(expected)).all()
+    torch.manual_seed(1)
+    first = paired.partner_of(every)
+    torch.manual_seed(1)
+    np.testing.assert_array_equal(first, paired.partner_of(every))

@@ -213,6 +213,31 @@ def test_contrastive_loss_pulls_two_dropout_draws_of_each_trained_position_toget
     torch.testing.assert_close(train_loss(plain, b), ce)
 
 
+def test_same_target_contrastive_loss_pairs_each_row_with_its_partner_row():
+    enc = encoder(causal=False, dropout=0.0)
+    m = module(enc, contrastive_weight=0.2, contrastive_positive="same_target")
+    assert m.partners
+    b = batch()  # 4 rows: 2 training rows (last position only), then their 2 partners
+    b.target_item[:, :-1] = 0
+    b.target_item[2:] = 0
+    b.target_item[1, -1] = b.target_item[0, -1] + 1  # two different targets
+    output = m(b)
+    ce = torch.nn.functional.cross_entropy(
+        m.encoder.score_items(output.hidden[:2, -1]), b.target_item[:2, -1]
+    )
+    contrastive = losses.info_nce(
+        output.hidden[:2, -1], output.hidden[2:, -1], 1.0, labels=b.target_item[:2, -1]
+    )
+    assert contrastive > 0
+    torch.testing.assert_close(train_loss(m, b), ce + 0.2 * contrastive)  # one encoder pass
+    # a batch without partner rows (a trained row in the second half) is refused
+    with pytest.raises(ValueError, match="followed by their same-target partners"):
+        train_loss(m, batch())
+    # the weight at 0 turns the partners off: the data module then adds none
+    assert not module(enc, contrastive_positive="same_target").partners
+    assert not module(enc, contrastive_weight=0.2).partners
+
+
 def test_non_causal_encoder_trains_its_last_position_only():
     m, b = module(encoder(causal=False)), batch()
     output = m(b)
@@ -242,6 +267,7 @@ def test_non_causal_encoder_trains_its_last_position_only():
         ({"contrastive_weight": "0.1"}, "contrastive_weight='0.1'"),
         ({"contrastive_temperature": 0.0}, "contrastive_temperature=0.0"),
         ({"contrastive_temperature": math.nan}, "contrastive_temperature=nan"),
+        ({"contrastive_positive": "augment"}, "contrastive_positive='augment'"),
         (
             {"contrastive_weight": 0.1, "objective": "target_attention", "loss": "bce"},
             "contrastive_weight > 0 contrasts the positions the retrieval objective trains",
