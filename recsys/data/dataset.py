@@ -244,8 +244,11 @@ class TrainPrefixes(_BatchDataset):
 
     With ``partners`` a batch of B rows has 2B: rows ``B + i`` are row ``i``'s *partner*, another
     training row with the same target item drawn at random on every call (the row itself
-    when no other row has that target; DuoRec's supervised positive). Partner rows have no
-    target (0), so only the first B rows are trained; a contrastive loss pairs the halves.
+    when no other row has that target; DuoRec's supervised positive), cut to its most recent
+    events as many as the batch's longest row, so that the batch stays as wide as it would be
+    without partners (rows of similar length are batched together; a partner can be of any
+    length). Partner rows have no target (0), so only the first B rows are trained; a
+    contrastive loss pairs the halves.
     """
 
     def __init__(
@@ -293,11 +296,17 @@ class TrainPrefixes(_BatchDataset):
 
     def __getitem__(self, indices: list[int]) -> SeqBatch:
         i = np.asarray(indices)
+        start = self.start[i]
         if self.partners:
-            i = np.concatenate([i, self.partner_of(i)])
+            partner = self.partner_of(i)
+            width = (self.end[i] - start).max()
+            start = np.concatenate(
+                [start, np.maximum(self.start[partner], self.end[partner] - width)]
+            )
+            i = np.concatenate([i, partner])
         batch = self.store.gather(
             self.rows[i],
-            self.start[i],
+            start,
             self.end[i],
             max_seq_len=self.max_seq_len,
             time_buckets=self.time_buckets,

@@ -488,10 +488,16 @@ def test_train_prefix_partners_share_the_target_and_are_drawn_uniformly():
     group_size = np.array([(targets == t).sum() for t in targets[rows]])
     np.testing.assert_array_equal(partner == rows, group_size == 1)
     assert (group_size > 1).any() and (group_size == 1).any()
-    # the partner half is those rows' inputs
+    # the partner half is those rows' inputs, cut to the batch's longest row
+    assert batch.item.shape[1] == width
     partners_alone = plain[list(partner)]
-    width = partners_alone.item.shape[1]
-    torch.testing.assert_close(batch.item[half:, -width:], partners_alone.item)
+    cut = min(width, partners_alone.item.shape[1])
+    torch.testing.assert_close(batch.item[half:, -cut:], partners_alone.item[:, -cut:])
+    assert (
+        batch.padding_mask[half:].sum(1) == partners_alone.padding_mask.sum(1).clamp(max=width)
+    ).all()
+    short = paired[list(np.argsort(plain.input_lengths)[:10])]  # short rows: long partners cut
+    assert short.item.shape[1] == plain.input_lengths[np.argsort(plain.input_lengths)[:10]].max()
     # uniform over the other rows with the same target, and seeded
     row = int(np.argmax([(targets == t).sum() for t in targets]))
     others = np.flatnonzero(targets == targets[row])
