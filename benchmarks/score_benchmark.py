@@ -163,6 +163,7 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
             with tempfile.TemporaryDirectory() as cache:
                 settings = {
                     "kind": args.faiss_kind,
+                    "metric": args.faiss_metric,
                     "ef_search": args.ef_search,
                     "nprobe": args.nprobe,
                     "threads": threads,
@@ -218,6 +219,8 @@ def run_one(path: str, num_items: int, args: argparse.Namespace) -> dict:
         search_setting = {"hnsw": f"ef {args.ef_search}", "ivf": f"nprobe {args.nprobe}"}.get(
             args.faiss_kind, ""
         )
+        if args.faiss_kind != "flat":
+            search_setting = f"{search_setting}, {args.faiss_metric}"
     return {
         "path": path,
         "items": num_items,
@@ -320,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--faiss-kind", default="hnsw", choices=("hnsw", "ivf", "flat"), help="FaissIndex kind"
     )
+    parser.add_argument(
+        "--faiss-metric", default="l2", choices=("l2", "inner_product"), help="FaissIndex metric"
+    )
     parser.add_argument("--ef-search", type=int, default=128, help="HNSW efSearch (%(default)s)")
     parser.add_argument("--nprobe", type=int, default=32, help="IVF nprobe (%(default)s)")
     parser.add_argument(
@@ -382,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "--users", str(args.users), "--top-k", str(args.top_k),
         "--item-chunk-size", str(args.item_chunk_size), "--batch-size", str(args.batch_size),
         "--repeats", str(args.repeats), "--faiss-kind", args.faiss_kind,
+        "--faiss-metric", args.faiss_metric,
         "--ef-search", str(args.ef_search), "--nprobe", str(args.nprobe),
         "--threads", str(facts["threads"]),
         *(["--key-projection"] if args.key_projection else []),

@@ -7,7 +7,14 @@
   chunks of 65 536 items: 512 users x 65 536 x 4 bytes = 128 MiB of scores, plus the
   chunk's top-K), and merges each chunk's top-K into a running top-K.
 - :class:`FaissIndex` (optional, ``pip install recsys[ann]``): an approximate HNSW or IVF
-  inner-product index. The bias is folded in as one more dimension (``[q, 1] · [k, b]``).
+  index. The bias is folded in as one more dimension (``[q, 1] · [k, b]``). With ``metric="l2"``
+  (default) the largest inner product is found as the nearest neighbour in L2, after one more
+  dimension that gives every item vector the same norm (Bachrach et al. 2014); with
+  ``"inner_product"`` the index searches inner products directly. On the trained ATRank
+  models of the research datasets the L2 form found 0.993-0.999 of the exact top 10 (HNSW,
+  efSearch 128), inner products 0.61-0.99 (``benchmarks/README.md``, "Which faiss form");
+  on keys whose norms differ widely it can be the other way round, so measure your model's
+  recall with ``python -m benchmarks.faiss_recall``.
   Building it is the slow part (HNSW over 1 M items: 67-104 s on 2 cores), so with a
   ``cache_dir`` it is saved there and loaded by the next job with the same vectors and build
   settings.
@@ -141,14 +148,18 @@ class FaissIndex:
 
     ``kind``: ``hnsw`` (graph, ``hnsw_m`` links per node, ``ef_search`` breadth at query time)
     or ``ivf`` (``nlist`` clusters, ``nprobe`` visited per query); ``flat`` is exact faiss
-    (a reference for recall). Rows' ``exclude`` items are removed after the search, which asks
-    for ``depth + T`` neighbours so that excluding up to T items still leaves ``depth``.
+    (a reference for recall). ``metric``: how hnsw and ivf search, ``l2`` (the inner product as
+    an L2 distance over vectors of equal norm) or ``inner_product``; either way the scores
+    returned are the exact ``query · key + bias`` of the items found. Rows' ``exclude`` items
+    are removed after the search, which asks for ``depth + T`` neighbours so that excluding up
+    to T items still leaves ``depth``.
 
     ``cache_dir``: where built indexes are kept, one file per content key — a hash of the
-    vectors (keys, bias), the admissible items and the build settings (``kind``, ``hnsw_m``,
-    ``ef_construction``, ``nlist``). A job whose key has a file loads it instead of building;
-    the query-time settings (``ef_search``, ``nprobe``) are applied after loading, so changing
-    them reuses the file. A file that cannot be read is rebuilt and replaced (with a warning).
+    vectors (keys, bias), the admissible items and the build settings (``kind``, ``metric``,
+    ``hnsw_m``, ``ef_construction``, ``nlist``). A job whose key has a file loads it instead
+    of building; the query-time settings (``ef_search``, ``nprobe``) are applied after
+    loading, so changing them reuses the file. A file that cannot be read is rebuilt and
+    replaced (with a warning).
     ``cache_keep``: how many index files the folder keeps (``None``: all); after each job the
     least recently used others are deleted, so scheduled retraining does not fill the disk
     with the indexes of retired models (loading or saving a file marks it used).
@@ -161,6 +172,7 @@ class FaissIndex:
         blocked: torch.Tensor,
         *,
         kind: str = "hnsw",
+        metric: str = "l2",
         hnsw_m: int = 32,
         ef_construction: int = 80,
         ef_search: int = 128,
@@ -186,7 +198,11 @@ class FaissIndex:
         vectors = np.ascontiguousarray(vectors[self.ids].numpy(), dtype=np.float32)
         if kind not in FAISS_KINDS:
             raise ValueError(f"retrieval.faiss.kind={kind!r}: use one of {list(FAISS_KINDS)}")
-        build = {"kind": kind}
+        if metric not in FAISS_METRICS:
+            raise ValueError(f"retrieval.faiss.metric={metric!r}: use one of {list(FAISS_METRICS)}")
+        if kind == "flat":
+            metric = "inner_product"  # exact either way; the reference keeps the plain form
+        build = {"kind": kind, "metric": metric}
         if kind == "hnsw":
             build["hnsw_m"] = _check_positive("faiss.hnsw_m", hnsw_m)
             build["ef_construction"] = _check_positive("faiss.ef_construction", ef_construction)
@@ -200,9 +216,12 @@ class FaissIndex:
         if cache_dir is not None:
             key = _content_key(vectors, self.ids, build)
             cache = Path(cache_dir) / f"{_CACHE_PREFIX}{key}.index"
-        index = _read_cached(faiss, cache, vectors.shape)
+        self.metric = metric
+        self.keys, self.bias = keys.detach().cpu().float(), bias.detach().cpu().float()
+        indexed = _equal_norms(vectors) if metric == "l2" else vectors
+        index = _read_cached(faiss, cache, indexed.shape)
         if index is None:
-            index = _build_faiss(faiss, vectors, **build)
+            index = _build_faiss(faiss, indexed, **build)
             if cache is not None:
                 _write_cached(faiss, index, cache)
         if cache is not None and cache_keep is not None:
@@ -223,11 +242,15 @@ class FaissIndex:
         augmented = torch.cat(
             [query.detach().float().cpu(), query.new_ones(len(query), 1).cpu()], 1
         )
-        scores, rows = self.index.search(np.ascontiguousarray(augmented.numpy()), k)
-        scores, rows = torch.from_numpy(scores), torch.from_numpy(rows)
+        if self.metric == "l2":  # the queries' equal-norm coordinate is 0
+            augmented = torch.cat([augmented, augmented.new_zeros(len(augmented), 1)], 1)
+        _, rows = self.index.search(np.ascontiguousarray(augmented.numpy()), k)
+        rows = torch.from_numpy(rows)
         found = rows >= 0
         items = torch.where(found, self.ids[rows.clamp(min=0)], 0)
-        scores = scores.masked_fill(~found, -math.inf)
+        # exact scores of the items found (the L2 distances only rank them)
+        scores = torch.einsum("bkd,bd->bk", self.keys[items], query.detach().float().cpu())
+        scores = (scores + self.bias[items]).masked_fill(~found, -math.inf)
         if exclude is not None:
             seen = (items[:, :, None] == exclude.cpu()[:, None, :]).any(dim=2)  # (B, k)
             scores = scores.masked_fill(seen, -math.inf)
@@ -242,22 +265,36 @@ class FaissIndex:
 
 
 FAISS_KINDS = ("hnsw", "ivf", "flat")
+FAISS_METRICS = ("l2", "inner_product")
 _CACHE_PREFIX = "faiss-"
 
 
-def _build_faiss(faiss, vectors: np.ndarray, *, kind: str, **build):
+def _equal_norms(vectors: np.ndarray) -> np.ndarray:
+    """``[v, sqrt(M² - |v|²)]`` with M the largest norm: every row then has norm M, so for a
+    query ``[q, 0]`` the L2 distance ``|q|² + M² - 2 q·v`` orders items as ``q·v`` does,
+    largest first (the MIPS-to-nearest-neighbour reduction, Bachrach et al. 2014)."""
+    squared = np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64)
+    extra = np.sqrt(np.maximum(squared.max(initial=0.0) - squared, 0.0))
+    return np.ascontiguousarray(np.column_stack([vectors, extra]), dtype=np.float32)
+
+
+def _build_faiss(faiss, vectors: np.ndarray, *, kind: str, metric: str, **build):
+    """``flat``: exact inner product; ``hnsw`` / ``ivf``: L2 (over :func:`_equal_norms` rows)
+    or inner product, as ``metric`` says."""
     dim = vectors.shape[1]
-    metric = faiss.METRIC_INNER_PRODUCT
+    l2 = metric == "l2"
+    faiss_metric = faiss.METRIC_L2 if l2 else faiss.METRIC_INNER_PRODUCT
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, build["hnsw_m"], metric)
+        index = faiss.IndexHNSWFlat(dim, build["hnsw_m"], faiss_metric)
         index.hnsw.efConstruction = build["ef_construction"]
     else:
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, build["nlist"], metric)
+        quantizer = faiss.IndexFlatL2(dim) if l2 else faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, build["nlist"], faiss_metric)
         index.train(vectors)
     index.add(vectors)
-    log.info("faiss %s index built over %d items (dim %d)", kind, len(vectors), dim)
+    log.info("faiss %s index (%s) built over %d items (dim %d)", kind, metric, len(vectors), dim)
     return index
 
 

@@ -218,6 +218,30 @@ def test_faiss_scoring_job_reuses_its_cached_index(main_run, make_config, tmp_pa
     assert read_parts(first).equals(read_parts(second))
 
 
+def test_faiss_recall_tool_measures_every_form_on_a_trained_run(main_run, capsys):
+    """benchmarks.faiss_recall: the README's check before switching scoring to faiss."""
+    pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
+    from benchmarks import faiss_recall
+
+    cfg, result = main_run
+    run_dir = Path(cfg.paths.run_dir)
+    assert result.checkpoint.parent == run_dir / "checkpoints"
+    faiss_recall.main([str(run_dir), "--users", "64", "--ef-search", "16,128", "--threads", "1"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    rows = [line.split(" | ") for line in lines[1:]]  # (lines[0]: the header)
+    assert [(row[0], row[1], row[2]) for row in rows] == [
+        ("| hnsw", "l2", "efSearch 16"),
+        ("| hnsw", "l2", "efSearch 128"),
+        ("| hnsw", "inner_product", "efSearch 16"),
+        ("| hnsw", "inner_product", "efSearch 128"),
+        ("| ivf", "l2", "nprobe 32"),
+        ("| ivf", "inner_product", "nprobe 32"),
+    ]
+    assert all(0 <= float(row[3]) <= 1 for row in rows)
+    with pytest.raises(SystemExit):
+        faiss_recall.main([str(run_dir / "nowhere")])
+
+
 def test_schema_mismatch_fails_clearly_and_writes_nothing(main_run, make_config, tmp_path):
     _, result = main_run
     log_file = tmp_path / "events.csv"

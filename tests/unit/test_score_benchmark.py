@@ -23,4 +23,4 @@ def test_tiny_run_reports_both_paths_and_the_cached_faiss_build(tmp_path, capsys
     assert rows["exact"]["cached_build_s"] is None
     faiss = rows["faiss"]
     assert faiss["cached_build_s"] > 0 and faiss["build_s"] > 0 and 0 <= faiss["recall"] <= 1
-    assert f"| 2k | faiss hnsw ef 128 | {faiss['users_per_s']:,.0f} |" in table
+    assert f"| 2k | faiss hnsw ef 128, l2 | {faiss['users_per_s']:,.0f} |" in table

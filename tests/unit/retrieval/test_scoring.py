@@ -365,6 +365,56 @@ def test_faiss_flat_index_agrees_with_exact():
     assert not (set(hnsw[1].flatten().tolist()) & {0, 1})
 
 
+def test_equal_norms_turn_the_largest_inner_product_into_the_nearest_neighbour():
+    from recsys.retrieval.index import _equal_norms
+
+    rng = np.random.default_rng(0)
+    vectors = (rng.normal(size=(500, 9)) * rng.lognormal(0, 1, size=(500, 1))).astype(np.float32)
+    queries = rng.normal(size=(20, 9)).astype(np.float32)
+    indexed = _equal_norms(vectors)
+    np.testing.assert_allclose(
+        np.linalg.norm(indexed, axis=1), np.linalg.norm(vectors, axis=1).max(), rtol=1e-5
+    )
+    padded = np.column_stack([queries, np.zeros(len(queries), np.float32)])
+    distance = ((padded[:, None, :] - indexed[None, :, :]) ** 2).sum(-1)
+    np.testing.assert_array_equal(
+        np.argsort(distance, axis=1)[:, :10], np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
+    )
+
+
+@pytest.mark.parametrize("metric", ["l2", "inner_product"])
+@pytest.mark.parametrize("kind", ["hnsw", "ivf"])
+def test_faiss_finds_the_top_10_and_returns_exact_scores(kind, metric):
+    """Keys that share their attribute half (ATRank's default layout), queries near items: both
+    forms find nearly all of the exact top 10, and the scores are ``query · key + bias``."""
+    pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
+    from recsys.retrieval.index import FaissIndex
+
+    torch.manual_seed(0)
+    items, categories, half = 20_000, 50, 16
+    category = torch.randint(0, categories, (items,))
+    keys = torch.cat([torch.randn(items, half), torch.randn(categories, half)[category]], 1)
+    bias = 0.5 * torch.randn(items)
+    near = keys[torch.randint(0, items, (256,))]
+    query = 3 * near / near.norm(dim=1, keepdim=True) + 0.3 * torch.randn(256, 2 * half)
+    blocked = torch.zeros(items, dtype=torch.bool)
+    blocked[:2] = True
+    exclude = torch.randint(2, items, (256, 5))
+    _, exact_items = ExactIndex(keys, bias, blocked).search(query, 10, exclude)
+    settings = {"nlist": 128, "nprobe": 32} if kind == "ivf" else {}
+    index = FaissIndex(keys, bias, blocked, kind=kind, metric=metric, **settings)
+    scores, found = index.search(query, 10, exclude)
+    recall = np.mean(
+        [len(set(a.tolist()) & set(b.tolist())) / 10 for a, b in zip(found, exact_items)]
+    )
+    assert recall >= 0.9, recall
+    torch.testing.assert_close(scores, (query[:, None, :] * keys[found]).sum(-1) + bias[found])
+    assert (scores[:, :-1] >= scores[:, 1:]).all()  # best first
+    assert not (found[:, :, None] == exclude[:, None, :]).any()
+    with pytest.raises(ValueError, match="retrieval.faiss.metric='cosine'"):
+        FaissIndex(keys[:50], bias[:50], blocked[:50], kind=kind, metric="cosine")
+
+
 @pytest.mark.parametrize("kind", ["hnsw", "ivf"])
 def test_faiss_index_is_kept_in_the_cache_and_loaded_by_the_next_job(tmp_path, caplog, kind):
     pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
@@ -398,8 +448,9 @@ def test_faiss_index_is_kept_in_the_cache_and_loaded_by_the_next_job(tmp_path, c
         FaissIndex(keys + 1, bias, blocked, **settings),
         FaissIndex(keys, bias, blocked.roll(1), **settings),
         FaissIndex(keys, bias, blocked, **{**settings, "hnsw_m": 8, "nlist": 5}),
+        FaissIndex(keys, bias, blocked, **settings, metric="inner_product"),
     ]
-    assert len({first.cache_file, *(index.cache_file for index in changed)}) == 4
+    assert len({first.cache_file, *(index.cache_file for index in changed)}) == 5
 
 
 def test_an_unreadable_faiss_cache_file_is_rebuilt_and_replaced(tmp_path, caplog):
@@ -421,7 +472,7 @@ def test_an_unreadable_faiss_cache_file_is_rebuilt_and_replaced(tmp_path, caplog
     caplog.clear()
     with caplog.at_level("INFO", logger="recsys.retrieval.index"):
         index = FaissIndex(keys, bias, blocked, cache_dir=tmp_path)
-    assert "holds 40 x 9 vectors" in caplog.text and index.index.ntotal == 50
+    assert "holds 40 x 10 vectors" in caplog.text and index.index.ntotal == 50
 
 
 def test_a_faiss_cache_that_cannot_be_written_is_named_and_scoring_goes_on(tmp_path, caplog):
