@@ -219,11 +219,13 @@ class FaissIndex:
         self.metric = metric
         self.keys, self.bias = keys.detach().cpu().float(), bias.detach().cpu().float()
         indexed = _equal_norms(vectors) if metric == "l2" else vectors
+        del vectors  # (faiss copies what it indexes: one table less at the peak)
         index = _read_cached(faiss, cache, indexed.shape)
         if index is None:
             index = _build_faiss(faiss, indexed, **build)
             if cache is not None:
                 _write_cached(faiss, index, cache)
+        del indexed
         if cache is not None and cache_keep is not None:
             _prune_cache(cache, cache_keep)
         if kind == "hnsw":
@@ -274,8 +276,10 @@ def _equal_norms(vectors: np.ndarray) -> np.ndarray:
     query ``[q, 0]`` the L2 distance ``|q|² + M² - 2 q·v`` orders items as ``q·v`` does,
     largest first (the MIPS-to-nearest-neighbour reduction, Bachrach et al. 2014)."""
     squared = np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64)
-    extra = np.sqrt(np.maximum(squared.max(initial=0.0) - squared, 0.0))
-    return np.ascontiguousarray(np.column_stack([vectors, extra]), dtype=np.float32)
+    out = np.empty((len(vectors), vectors.shape[1] + 1), dtype=np.float32)
+    out[:, :-1] = vectors
+    out[:, -1] = np.sqrt(np.maximum(squared.max(initial=0.0) - squared, 0.0))
+    return out
 
 
 def _build_faiss(faiss, vectors: np.ndarray, *, kind: str, metric: str, **build):
