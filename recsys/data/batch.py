@@ -22,6 +22,9 @@ class SeqBatch:
       0 where there is none) or (B,) for evaluation/scoring (one target per row, 0 = unknown).
     - ``target_behavior``: same shape as ``target_item``.
     - ``user_index``: (B,) long, the row of each sequence in the prepared user table.
+    - ``seen_item``: (B, H) long or None: in evaluation batches, every item of the user's
+      history before the target (left-aligned, 0 = PAD), not only the T the model reads: what
+      the seen-item policy sets aside. None elsewhere (the policy then takes ``item``).
 
     Example (T=4, one user with events a, b, c; training row)::
 
@@ -38,21 +41,26 @@ class SeqBatch:
     target_item: torch.Tensor
     target_behavior: torch.Tensor
     user_index: torch.Tensor
+    seen_item: torch.Tensor | None = None
+
+    @property
+    def seen(self) -> torch.Tensor:
+        """The items the seen-item policy applies to: ``seen_item``, else the input window."""
+        return self.item if self.seen_item is None else self.seen_item
 
     def model_inputs(self) -> tuple[torch.Tensor, ...]:
         """The encoder's positional arguments, in order."""
         return self.item, self.behavior, self.time_bucket, self.padding_mask, self.query_time_bucket
 
+    def _map(self, fn) -> SeqBatch:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return SeqBatch(**{k: None if v is None else fn(v) for k, v in values.items()})
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SeqBatch:
-        return SeqBatch(
-            **{
-                f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-                for f in fields(self)
-            }
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> SeqBatch:
-        return SeqBatch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+        return self._map(lambda t: t.pin_memory())
 
     def __len__(self) -> int:
         return self.item.shape[0]

@@ -87,7 +87,7 @@ class SeqRecDataModule(pl.LightningDataModule):
         """Evaluation rows for ``split`` in {"val", "test"}."""
         self.setup()
         positions = {"val": self.store.val_target, "test": self.store.test_target}[split]
-        rows = TargetRows(self.store, positions, **self._settings())
+        rows = TargetRows(self.store, positions, **self._settings(), seen=True)
         return batch_loader(
             rows, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers
         )

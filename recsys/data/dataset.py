@@ -95,6 +95,26 @@ class SequenceStore:
         """(U,) each user's training events (those before ``train_end``)."""
         return np.minimum(self.train_end, self.lengths)
 
+    def history(
+        self,
+        values: np.ndarray,
+        rows: np.ndarray,
+        end: np.ndarray | None = None,
+        keep: np.ndarray | None = None,
+    ) -> torch.Tensor:
+        """``values`` (flat, e.g. :attr:`item`) of each row's events from its user's first up to
+        the flat index ``end`` (exclusive; default: the whole history) as a (B, L_max) long
+        tensor, left-aligned, PAD (0) where there is none or ``keep`` (flat bool) is False."""
+        first = self.offsets[rows]
+        lengths = (self.offsets[rows + 1] if end is None else end) - first
+        width = max(int(lengths.max(initial=1)), 1)
+        columns = np.arange(width)
+        inside = columns[None, :] < lengths[:, None]
+        index = np.where(inside, first[:, None] + columns[None, :], 0)
+        if keep is not None:
+            inside &= keep[index]
+        return torch.from_numpy(np.where(inside, values[index], 0).astype(np.int64))
+
     def gather(
         self,
         rows: np.ndarray,
@@ -329,7 +349,9 @@ class TargetRows(_BatchDataset):
 
     ``target_position`` is per user (-1 = none, row skipped). For scoring, pass each user's
     history length and ``has_target=False``: the row then holds the most recent events, no
-    target, and predicts for the moment ``query_time`` (Unix seconds).
+    target, and predicts for the moment ``query_time`` (Unix seconds). With ``seen`` each
+    batch's ``seen_item`` holds every item of the user's history before the target, not only
+    the ``max_seq_len`` the model reads: what evaluation's seen-item policy sets aside.
     """
 
     def __init__(
@@ -341,8 +363,10 @@ class TargetRows(_BatchDataset):
         time_buckets: TimeBuckets,
         has_target: bool = True,
         query_time: int | None = None,
+        seen: bool = False,
     ):
         super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
+        self.seen = seen
         self.rows = np.flatnonzero(target_position >= 1)
         position = target_position[self.rows]
         base = store.offsets[self.rows]
@@ -356,7 +380,7 @@ class TargetRows(_BatchDataset):
 
     def __getitem__(self, indices: list[int]) -> SeqBatch:
         i = np.asarray(indices)
-        return self.store.gather(
+        batch = self.store.gather(
             self.rows[i],
             self.start[i],
             self.end[i],
@@ -365,6 +389,9 @@ class TargetRows(_BatchDataset):
             targets=self.target[i],
             query_time=None if self.query_time is None else self.query_time[i],
         )
+        if self.seen:
+            batch.seen_item = self.store.history(self.store.item, self.rows[i], self.end[i])
+        return batch
 
 
 class LengthGroupedBatches(Sampler[list[int]]):

@@ -143,20 +143,6 @@ class ScoringData:
         return np.add.reduceat(known, self.store.offsets[:-1]) if len(known) else known
 
 
-def _history(
-    store: SequenceStore, values: np.ndarray, rows: np.ndarray, keep: np.ndarray | None
-) -> torch.Tensor:
-    """``values`` of each row's whole history as (B, L_max), PAD where none or not ``keep``."""
-    lengths = store.lengths[rows]
-    width = max(int(lengths.max(initial=1)), 1)
-    columns = np.arange(width)
-    inside = columns[None, :] < lengths[:, None]
-    index = np.where(inside, store.offsets[rows][:, None] + columns[None, :], 0)
-    if keep is not None:
-        inside &= keep[index]
-    return torch.from_numpy(np.where(inside, values[index], PAD_IDX).astype(np.int64))
-
-
 class Recommender:
     """Scores chunks of users of ``data`` with ``model`` under ``rules``."""
 
@@ -207,7 +193,8 @@ class Recommender:
     def _excluded(self, rows: np.ndarray) -> torch.Tensor | None:
         if self.exclude_event is None:
             return None
-        return _history(self.data.store, self.data.catalogue_index, rows, self.exclude_event).to(
+        store = self.data.store
+        return store.history(self.data.catalogue_index, rows, keep=self.exclude_event).to(
             self.device
         )
 
@@ -250,7 +237,7 @@ class Recommender:
     def _fallback(self, rows: np.ndarray, also_exclude: torch.Tensor | None):
         """Cold-start candidates for ``rows``: (B, D) items, scores and a source code per item
         (1 = category_popularity, 2 = popularity)."""
-        history = _history(self.data.store, self.data.catalogue_index, rows, None)
+        history = self.data.store.history(self.data.catalogue_index, rows)
         history = history.to(self.device)  # (B, L)
         counts = torch.zeros(len(rows), self.data.catalogue.num_categories, device=self.device)
         counts.scatter_add_(1, self.category[history], (history >= NUM_RESERVED).float())

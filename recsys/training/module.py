@@ -405,7 +405,7 @@ class SeqRecModule(pl.LightningModule):
         two-stage top K of every row goes into ``coverage`` when given."""
         output = self(batch)
         raw = self.encoder.score_items(output.query).float()  # (B, I)
-        scores = apply_seen_policy(raw, batch.item, self.seen_items)
+        scores = apply_seen_policy(raw, batch.seen, self.seen_items)
         metrics = {
             f"retrieval_{name}": value
             for name, value in ranking_metrics(
@@ -416,7 +416,7 @@ class SeqRecModule(pl.LightningModule):
         # seen items scored 0 by the policy keep that score when re-ranked: the P1 rule
         # applies to the ranking users get, not to stage 1 only
         zeroed = self.rerank_top_n and self.seen_items == "zero"
-        fixed = seen_mask(raw, batch.item) if zeroed else None
+        fixed = seen_mask(raw, batch.seen) if zeroed else None
         ranking = two_stage(
             self.encoder,
             output,
@@ -440,13 +440,13 @@ class SeqRecModule(pl.LightningModule):
         return metrics
 
     def _sampled_metrics(self, scores: torch.Tensor, batch: SeqBatch) -> dict[str, torch.Tensor]:
-        """HR/NDCG against ``num_negatives`` sampled items the user has not interacted with (in
-        the input window), and ATRank's AUC. Negatives are drawn from a generator seeded by the
+        """HR/NDCG against ``num_negatives`` sampled items the user has not interacted with
+        (before the target), and ATRank's AUC. Negatives are drawn from a generator seeded by the
         batch's user rows, so every model is evaluated against the same negatives."""
         sampler, count = self.sampled
         generator = torch.Generator().manual_seed(int(batch.user_index.sum()) * 7919 + len(batch))
         negatives = sampler.sample((len(batch), count), generator=generator, device=scores.device)
-        history = batch.item  # (B, T)
+        history = batch.seen  # (B, H)
         collides = (negatives[:, :, None] == history[:, None, :]).any(dim=2)
         collides |= negatives == batch.target_item[:, None]
         ranks, auc = sampled_ranks(scores, batch.target_item, negatives, ~collides)

@@ -324,6 +324,25 @@ def test_target_rows_skip_users_without_a_target_or_history(store):
     torch.testing.assert_close(batch.query_time_bucket, long([[6, 7], [2, 2]]))
 
 
+def test_target_rows_carry_every_item_before_the_target_for_the_seen_policy(store):
+    """seen=True (evaluation): ``seen_item`` is the whole history before the target, the model
+    input only its last max_seq_len events; the anchors' evaluation code sets aside the
+    whole history (the S3-Rec family's rating matrix, SASRec+'s full_history)."""
+    positions = np.array([7, 0, -1, 3])
+    rows = TargetRows(store, positions, max_seq_len=2, time_buckets=BUCKETS, seen=True)
+    batch = rows[[0, 1]]
+    torch.testing.assert_close(batch.item, long([[15, 16], [24, 25]]))
+    torch.testing.assert_close(
+        batch.seen_item, long([[10, 11, 12, 13, 14, 15, 16], [23, 24, 25, 0, 0, 0, 0]])
+    )
+    assert batch.seen is batch.seen_item
+    plain = TargetRows(store, positions, max_seq_len=2, time_buckets=BUCKETS)[[0, 1]]
+    assert plain.seen_item is None and plain.seen is plain.item
+    moved = batch.to("cpu")  # the optional field travels with the batch, None stays None
+    torch.testing.assert_close(moved.seen_item, batch.seen_item)
+    assert plain.to("cpu").seen_item is None
+
+
 def test_scoring_rows_use_the_whole_history_and_query_time(store):
     rows = TargetRows(
         store,

@@ -355,6 +355,33 @@ def test_seen_policies():
     assert zeroed[0].tolist() == [-math.inf, -math.inf, 2.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("policy", ["exclude", "zero"])
+def test_evaluation_sets_aside_the_whole_history_not_only_the_input_window(policy):
+    """An item the user saw before the model's window (``seen_item``, from the evaluation rows)
+    is set aside like the window's own items: the anchors' evaluation code does the same."""
+    m = module(seen_items=policy, metric_ks=(1, 5)).eval()
+    b = batch()
+    b.target_item = b.target_item[:, -1].clamp(min=2)
+    b.target_behavior = b.target_behavior[:, -1]
+    with torch.no_grad():
+        raw = m.encoder.score_items(m(b).query)
+        raw[:, :2] = -math.inf
+        best = raw.argmax(dim=1)  # each row's top item
+    b.target_item = torch.where(
+        best == b.target_item, (best + 1 - 2) % (NUM_ITEMS - 2) + 2, b.target_item
+    )
+    with torch.no_grad():
+        window_only = m.evaluation_metrics(b)
+    # the top item was seen before the window: it leaves the ranking, the target moves up
+    b.seen_item = torch.cat([b.item, best[:, None]], dim=1)
+    with torch.no_grad():
+        whole = m.evaluation_metrics(b)
+    expected = apply_seen_policy(raw, b.seen_item, policy)
+    ranks = 1 + (expected > expected.gather(1, b.target_item[:, None])).sum(1)
+    torch.testing.assert_close(whole["retrieval_mrr"], 1 / ranks.float())
+    assert (whole["retrieval_mrr"] >= window_only["retrieval_mrr"]).all()
+
+
 @pytest.mark.parametrize("model", ["atrank", "sasrec"])
 def test_score_candidates_agree_with_score_items(model):
     enc = (
