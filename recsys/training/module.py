@@ -446,8 +446,8 @@ class SeqRecModule(pl.LightningModule):
         sampler, count = self.sampled
         generator = torch.Generator().manual_seed(int(batch.user_index.sum()) * 7919 + len(batch))
         negatives = sampler.sample((len(batch), count), generator=generator, device=scores.device)
-        history = batch.seen  # (B, H)
-        collides = (negatives[:, :, None] == history[:, None, :]).any(dim=2)
+        # (B, I) mask, then a gather: a (B, K, H) comparison grows with the whole history
+        collides = seen_mask(scores, batch.seen).gather(1, negatives)
         collides |= negatives == batch.target_item[:, None]
         ranks, auc = sampled_ranks(scores, batch.target_item, negatives, ~collides)
         sampled = ranking_metrics(ranks, self.metric_ks)
