@@ -6,8 +6,8 @@ exact top K for its users.
     python -m benchmarks.faiss_recall outputs/<run> --ef-search 128,512 --nprobe 32,128
 
 The queries are the model's for its validation rows (up to ``--users``), the keys and bias the
-ones scoring uses (``item_keys()``; items the model never recommends blocked), each row's input
-items excluded as ``rules.exclude=seen`` does. For every index setting the table gives
+ones scoring uses (``item_keys()``; items the model never recommends blocked), each user's
+earlier items excluded as ``rules.exclude=seen`` does. For every index setting the table gives
 recall@K (the share of the exact top K that the index returned, averaged over users), the
 build seconds and the search rate. Run it before switching scoring to ``retrieval.index=faiss``:
 recall depends on how the model's keys lie, not only on the index. See ``benchmarks/README.md``,
@@ -37,17 +37,16 @@ def _ints(text: str) -> list[int]:
 
 
 def model_queries(checkpoint: Path, prepared: Path, users: int, batch_size: int = 512):
-    """(query (U, D), input items (U, T)) of the first ``users`` validation rows, and the
+    """(query (U, D), history items (U, H)) of the first ``users`` validation rows, and the
     model's keys (I, D), bias (I,) and blocked items (I,) as scoring builds them."""
     model = load_checkpoint(checkpoint)
     encoder = model.encoder.eval()
     data = SeqRecDataModule(prepared, max_seq_len=model.max_seq_len, eval_batch_size=batch_size)
-    queries, inputs, width = [], [], model.max_seq_len
+    queries, seen = [], []
     with torch.no_grad():
         for batch in data.val_dataloader():
             queries.append(encoder(*batch.model_inputs()).query.float())
-            item = batch.item.masked_fill(~batch.padding_mask, 0)
-            inputs.append(torch.nn.functional.pad(item, (width - item.shape[1], 0)))
+            seen.append(batch.seen)  # every item before the target, as scoring excludes
             if sum(len(q) for q in queries) >= users:
                 break
         keys = encoder.item_keys().float()
@@ -56,9 +55,11 @@ def model_queries(checkpoint: Path, prepared: Path, users: int, batch_size: int 
         raise SystemExit(f"{prepared} has no validation rows to take queries from")
     blocked = torch.isneginf(bias)
     blocked[:2] = True  # PAD, UNK
+    width = max(h.shape[1] for h in seen)
+    history = torch.cat([torch.nn.functional.pad(h, (0, width - h.shape[1])) for h in seen])
     return (
         torch.cat(queries)[:users],
-        torch.cat(inputs)[:users],
+        history[:users],
         keys,
         torch.nan_to_num(bias, neginf=0.0),
         blocked,
