@@ -42,6 +42,7 @@ import math
 import numbers
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from recsys.model.embeddings import (
@@ -121,6 +122,11 @@ class ATRank(nn.Module):
       side-information fusion; :class:`recsys.model.layers.SideAttentionScores`), so the
       attributes steer where each position attends at every layer, beside their place in the
       tokens. False (the default) leaves the attention to the tokens. Needs attribute_dim > 0.
+    - ``score_temperature``: None (the default) scores ``query · key``; τ scores the cosine
+      divided by τ (CORE's robust distance, Hou et al. SIGIR 2022): the hidden states and the
+      keys are L2-normalised and scaled by τ^-1/2, so every consumer of ``hidden``,
+      ``query`` and :meth:`item_keys` (losses, evaluation, retrieval indexes, export) sees the
+      same scores. Item biases, if any, are added as before.
     - ``embedding_std``: the std the item and attribute tables are stored at (None:
       dim^-1/2); they are used divided by it, so features start at unit scale whatever it is,
       but a smaller value makes Adam move them faster (BSARec's 0.02 learns several times
@@ -148,6 +154,7 @@ class ATRank(nn.Module):
         "causal_attention": None,
         "token_norm": False,
         "attribute_attention": False,
+        "score_temperature": None,
     }
 
     def __init__(
@@ -182,6 +189,7 @@ class ATRank(nn.Module):
         causal_attention: bool | None = None,
         token_norm: bool = False,
         attribute_attention: bool = False,
+        score_temperature: float | None = None,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -256,6 +264,7 @@ class ATRank(nn.Module):
                 "attribute_dim=0 has none: set attribute_dim > 0 or attribute_attention=false"
             )
         item_bias = _check_bool("item_bias", item_bias)
+        score_temperature = _check_score_temperature(score_temperature)
         filter_mix = _check_filter_mix(filter_mix)
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
         embedding_std = _check_embedding_std(embedding_std)
@@ -299,11 +308,15 @@ class ATRank(nn.Module):
             "causal_attention": causal_attention,
             "token_norm": token_norm,
             "attribute_attention": attribute_attention,
+            "score_temperature": score_temperature,
         }
         self.num_items = num_items
         self.d_model = d_model
         self.causal = causal
         self.causal_attention = causal_attention
+        # cosine scores: hidden states and keys on the sphere of radius τ^-1/2, so that
+        # query · key = cos / τ
+        self.score_scale = None if score_temperature is None else score_temperature**-0.5
 
         self.embedding = BehaviorAwareEmbedding(
             num_items=num_items,
@@ -410,7 +423,10 @@ class ATRank(nn.Module):
         for block in self.blocks:
             x = block(x, mask, padding_mask, side)
         # Padding rows hold throwaway values (see TransformerBlock); zero them once here.
-        hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)  # (B, T, D)
+        hidden = self.final_norm(x)
+        if self.score_scale is not None:
+            hidden = F.normalize(hidden, dim=-1) * self.score_scale
+        hidden = hidden.masked_fill(~padding_mask[..., None], 0.0)  # (B, T, D)
         # Left padding puts the most recent event last, whatever the history length.
         return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
 
@@ -420,7 +436,17 @@ class ATRank(nn.Module):
 
         Shapes: returns (I, D).
         """
-        return self.target_projection(self.embedding.item_features())
+        return self._keys()
+
+    def _keys(self, items: torch.Tensor | None = None) -> torch.Tensor:
+        """Keys of the chosen items (None: every item), on the sphere with score_temperature.
+
+        Shapes: items (...) long or None -> (..., D), (I, D) for None.
+        """
+        keys = self.target_projection(self.embedding.item_features(items))
+        if self.score_scale is not None:
+            keys = F.normalize(keys, dim=-1) * self.score_scale
+        return keys
 
     def score_items(self, query: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         """Score every item for each query: ``query · keys + item_bias``.
@@ -439,8 +465,13 @@ class ATRank(nn.Module):
 
     @property
     def predicts_attributes(self) -> bool:
-        """Whether :meth:`score_attributes` applies: the keys end with the attribute bag."""
-        return not self.config["key_projection"] and self.embedding.attribute_dim > 0
+        """Whether :meth:`score_attributes` applies: the keys end with the attribute bag (and
+        are not normalised, which would mix the item part into the attribute scores)."""
+        return (
+            not self.config["key_projection"]
+            and self.embedding.attribute_dim > 0
+            and self.score_scale is None
+        )
 
     def score_attributes(self, query: torch.Tensor) -> torch.Tensor:
         """Score every attribute for each query with the attribute part of the query: an item's
@@ -454,7 +485,8 @@ class ATRank(nn.Module):
         if not self.predicts_attributes:
             raise ValueError(
                 "attribute scores need keys that end with the attribute bag: set "
-                "model.key_projection=false and model.attribute_dim > 0 (or drop "
+                "model.key_projection=false, model.attribute_dim > 0 and "
+                "model.score_temperature=null (or drop "
                 "training.attribute_loss_weight)"
             )
         # the attribute vectors as they enter the keys (stored scale, then the keys' factor)
@@ -476,7 +508,7 @@ class ATRank(nn.Module):
         Shapes: query (M, D); items (M, K) per-row candidates, or (K,) shared by every row.
         Returns (M, K); PAD and UNK candidates are -inf.
         """
-        keys = self.target_projection(self.embedding.item_features(items))  # (..., K, D)
+        keys = self._keys(items)  # (..., K, D)
         return _candidate_scores(query, keys, items, bias=self.item_bias)
 
     def rerank_scores(
@@ -502,7 +534,7 @@ class ATRank(nn.Module):
             (B, N, T), which sum to 1 over real positions and are 0 on padding (all 0 for an
             empty history).
         """
-        keys = self.target_projection(self.embedding.item_features(candidates))  # (B, N, D)
+        keys = self._keys(candidates)  # (B, N, D)
         logits = self.rerank_query(keys) @ output.hidden.transpose(1, 2)  # (B, N, T)
         logits = logits / math.sqrt(self.d_model)
         real = output.padding_mask[:, None, :]  # (B, 1, T)
@@ -518,6 +550,18 @@ class ATRank(nn.Module):
         if return_attention:
             return scores, weights
         return scores
+
+
+def _check_score_temperature(value: object) -> float | None:
+    """``score_temperature``: None (dot-product scores) or τ > 0 (cosine / τ)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value <= 10.0:
+        raise ValueError(
+            f"score_temperature={value!r} is invalid: pass null for dot-product scores or a "
+            f"temperature in (0, 10] for cosine scores divided by it (CORE's 0.07)"
+        )
+    return float(value)
 
 
 class _Scale(nn.Module):

@@ -26,6 +26,11 @@ other than to the other rows' views. Worked example (τ = 1, view a = view b = t
 [1, 0] and [0, 1]): every one of the 4 vectors has its positive at similarity 1 and two
 negatives at 0, so the loss is ``-log(e / (e + 2)) = 0.5514``.
 
+``full_softmax`` takes an optional label smoothing ε (Szegedy et al. 2016). Worked example
+(one row, scores [0, ln 2, -inf] with the target the first item, ε = 0.1): p = [1/3, 2/3],
+``0.9 · log 3 + 0.1 · (log 3 + log 1.5) / 2 = 1.0640``, as torch's own option gives over the
+two finite scores.
+
 Worked example (one row, s⁺ = 2, one negative s⁻ = 0):
 ``bce = -log σ(2) - log(1 - σ(0)) = 0.1269 + 0.6931 = 0.8201``.
 """
@@ -50,10 +55,26 @@ def _weighted_mean(per_row: torch.Tensor, weight: torch.Tensor | None) -> torch.
 
 
 def full_softmax(
-    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """Shapes: logits (M, I) over the catalogue, target (M,), weight (M,) or None -> ()."""
-    per_row = F.cross_entropy(logits.float(), target, reduction="none")
+    """Cross-entropy over the catalogue; with ``label_smoothing`` ε the target distribution is
+    ``(1 - ε) · one-hot + ε · uniform`` over the items that can be scored (finite logits, so
+    PAD and UNK at -inf are left out, where torch's own option would give an infinite loss):
+    ``(1 - ε) · (-log p_target) + ε · mean_j(-log p_j)``.
+
+    Shapes: logits (M, I) over the catalogue, target (M,), weight (M,) or None -> ().
+    """
+    if not label_smoothing:
+        per_row = F.cross_entropy(logits.float(), target, reduction="none")
+        return _weighted_mean(per_row, weight)
+    log_p = torch.log_softmax(logits.float(), dim=-1)  # (M, I)
+    nll = -log_p.gather(1, target[:, None]).squeeze(1)  # (M,)
+    finite = torch.isfinite(logits)
+    uniform = -log_p.masked_fill(~finite, 0.0).sum(dim=1) / finite.sum(dim=1)  # (M,)
+    per_row = (1.0 - label_smoothing) * nll + label_smoothing * uniform
     return _weighted_mean(per_row, weight)
 
 

@@ -100,6 +100,7 @@ class SeqRecModule(pl.LightningModule):
         negative_sampler: str = "uniform",
         shared_negatives: bool = True,
         gbce_t: float = 0.75,
+        label_smoothing: float = 0.0,
         objective: str = "retrieval",
         behavior_weights: Mapping[str, float] | None = None,
         behaviors: Sequence[str] = (),
@@ -158,6 +159,13 @@ class SeqRecModule(pl.LightningModule):
                 "or set it to 0"
             )
         input_mask_prob = _check_dropout("training.input_mask_prob", input_mask_prob)
+        label_smoothing = _check_dropout("training.label_smoothing", label_smoothing)
+        if label_smoothing and (loss != "full_softmax" or objective != "retrieval"):
+            raise ValueError(
+                f"training.label_smoothing={label_smoothing} smooths the full-softmax target: it "
+                f"needs training.loss=full_softmax and objective=retrieval (got {loss!r}, "
+                f"{objective!r}), or set it to 0"
+            )
         if not metric_ks or min(metric_ks) < 1:
             raise ValueError(f"metric_ks={list(metric_ks)} must be positive cutoffs")
         if rerank_top_n and max(metric_ks) > rerank_top_n:
@@ -182,6 +190,7 @@ class SeqRecModule(pl.LightningModule):
         self.num_negatives = num_negatives
         self.shared_negatives = bool(shared_negatives)
         self.objective = objective
+        self.label_smoothing = label_smoothing
         self.gbce_beta = (
             losses.gbce_beta(num_negatives=num_negatives, num_items=real_items, t=gbce_t)
             if loss == "gbce"
@@ -208,6 +217,7 @@ class SeqRecModule(pl.LightningModule):
                 "negative_sampler": negative_sampler,
                 "shared_negatives": shared_negatives,
                 "gbce_t": gbce_t,
+                "label_smoothing": label_smoothing,
                 "objective": objective,
                 "behavior_weights": dict(behavior_weights or {}),
                 "metric_ks": list(self.metric_ks),
@@ -277,7 +287,9 @@ class SeqRecModule(pl.LightningModule):
         hidden = output.hidden[has_target]  # (M, D)
         target = batch.target_item[has_target]  # (M,)
         if self.loss_name == "full_softmax":
-            return losses.full_softmax(self.encoder.score_items(hidden), target, weight)
+            return losses.full_softmax(
+                self.encoder.score_items(hidden), target, weight, self.label_smoothing
+            )
         negative_items = self._draw_negatives(len(target))
         positive = self.encoder.score_candidates(hidden, target[:, None])[:, 0]
         negatives = self.encoder.score_candidates(hidden, negative_items)

@@ -248,6 +248,39 @@ def test_attribute_attention_adds_attribute_scores_to_a_plain_encoder() -> None:
         torch.testing.assert_close(fused(*tokens).hidden, plain(*tokens).hidden, atol=1e-6, rtol=0)
 
 
+def test_score_temperature_scores_the_cosine_divided_by_it() -> None:
+    """CORE's robust distance: every score path gives cos(hidden, key) / τ."""
+    plain, cosine = make_model(), make_model(score_temperature=0.05)
+    assert set(plain.state_dict()) == set(cosine.state_dict())  # no new parameters
+    tokens = make_tokens([6, 3], seq_len=6)
+    padding_mask = tokens[3]
+    with torch.no_grad():
+        raw = plain(*tokens).hidden  # the same weights: the unnormalised states
+        output = cosine(*tokens)
+        raw_keys = plain.item_keys()
+        expected = (
+            F.normalize(raw[padding_mask], dim=-1) @ F.normalize(raw_keys, dim=-1).T / 0.05
+        )  # (N, I)
+        scores = cosine.score_items(output.hidden[padding_mask])
+        torch.testing.assert_close(scores[:, 2:], expected[:, 2:], atol=1e-4, rtol=1e-5)
+        assert torch.isinf(scores[:, :2]).all()  # PAD, UNK never recommended
+        assert scores[:, 2:].abs().max() <= 1 / 0.05 + 1e-3
+        assert not output.hidden[~padding_mask].any()  # padding rows stay zero
+        items = torch.tensor([[2, 5, 7], [3, 4, 19]])
+        torch.testing.assert_close(
+            cosine.score_candidates(output.query, items),
+            cosine.score_items(output.query).gather(1, items),
+            atol=1e-5,
+            rtol=1e-5,
+        )
+    assert not cosine.predicts_attributes  # the key's attribute half is no longer additive
+    rebuilt = ATRank(**cosine.config)
+    assert rebuilt.config["score_temperature"] == 0.05
+    for bad in (0.0, -1.0, True, "0.1"):
+        with pytest.raises(ValueError, match="score_temperature="):
+            make_model(score_temperature=bad)
+
+
 def test_token_norm_normalises_every_real_token() -> None:
     tokens = make_tokens([6, 3], seq_len=6)
     padding_mask = tokens[3]

@@ -27,6 +27,24 @@ def test_full_softmax_matches_hand_computed_cross_entropy():
     assert weighted.item() == pytest.approx((row0 + 3 * row1) / 4, rel=1e-6)
 
 
+def test_full_softmax_label_smoothing_matches_the_worked_example():
+    logits = torch.tensor([[0.0, math.log(2.0), -math.inf]])  # PAD-like column left out
+    target = torch.tensor([0])
+    expected = 0.9 * math.log(3.0) + 0.1 * (math.log(3.0) + math.log(1.5)) / 2
+    smoothed = losses.full_softmax(logits, target, label_smoothing=0.1)
+    assert smoothed.item() == pytest.approx(expected, rel=1e-6)
+    assert expected == pytest.approx(1.0640, abs=1e-4)
+    # over finite scores only it is torch's own label smoothing
+    finite = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.0, 0.0]])
+    torch.testing.assert_close(
+        losses.full_softmax(finite, torch.tensor([1, 0]), label_smoothing=0.2),
+        torch.nn.functional.cross_entropy(finite, torch.tensor([1, 0]), label_smoothing=0.2),
+    )
+    assert losses.full_softmax(logits, target, label_smoothing=0.0).item() == pytest.approx(
+        math.log(3.0), rel=1e-6
+    )
+
+
 def test_info_nce_matches_the_worked_example():
     rows = torch.eye(2)  # [1, 0] and [0, 1], both views the same
     expected = -math.log(math.e / (math.e + 2))  # positive at 1, two negatives at 0

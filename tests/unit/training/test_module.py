@@ -125,6 +125,17 @@ def test_full_softmax_loss_is_the_cross_entropy_of_every_real_position():
     torch.testing.assert_close(train_loss(m, b), expected)
 
 
+def test_label_smoothing_reaches_the_full_softmax():
+    m, b = module(label_smoothing=0.1), batch()
+    output = m(b)
+    real = b.target_item > 1
+    expected = losses.full_softmax(
+        m.encoder.score_items(output.hidden[real]), b.target_item[real], label_smoothing=0.1
+    )
+    torch.testing.assert_close(train_loss(m, b), expected)
+    assert not torch.allclose(expected, train_loss(module(), b))
+
+
 def test_behavior_weights_select_and_weigh_targets():
     m, b = module(behavior_weights={"purchase": 2.0, "cart": 1.0}), batch()
     output = m(b)
@@ -268,6 +279,8 @@ def test_non_causal_encoder_trains_its_last_position_only():
         ({"contrastive_temperature": 0.0}, "contrastive_temperature=0.0"),
         ({"contrastive_temperature": math.nan}, "contrastive_temperature=nan"),
         ({"contrastive_positive": "augment"}, "contrastive_positive='augment'"),
+        ({"label_smoothing": 1.0}, "label_smoothing=1.0"),
+        ({"label_smoothing": 0.1, "loss": "bce", "num_negatives": 1}, "needs training.loss"),
         (
             {"contrastive_weight": 0.1, "objective": "target_attention", "loss": "bce"},
             "contrastive_weight > 0 contrasts the positions the retrieval objective trains",
