@@ -312,7 +312,7 @@ def run_recsys(source, out_dir: Path) -> tuple[dict, str]:
     from recsys.data.options import event_schema, prepare_settings
     from recsys.data.pipeline import prepare_dataset
 
-    stats = prepare_dataset(
+    stats, _ = prepare_dataset(
         source,
         schema=event_schema(RECSYS_OPTIONS),
         settings=prepare_settings(RECSYS_OPTIONS),

@@ -139,7 +139,7 @@ def prepare(
     _options.check_keys(
         options, allowed=_options.SCHEMA_KEYS | _options.SETTINGS_KEYS | _options.ITEM_KEYS
     )
-    prepare_dataset(
+    stats, vocab = prepare_dataset(
         events,
         schema=_options.event_schema(options),
         settings=_options.prepare_settings(options),
@@ -147,4 +147,4 @@ def prepare(
         items=items,
         item_columns=_options.item_columns(options),
     )
-    return PreparedDataset.load(out_dir)
+    return PreparedDataset(path=Path(out_dir), stats=stats, vocab=vocab)

@@ -318,8 +318,10 @@ def prepare_dataset(
     items: EventSource | None = None,
     item_columns: Mapping[str, str | None] | None = None,
     source_name: str | None = None,
-) -> dict:
-    """Prepare ``source`` into ``out_dir`` (replaced if it exists) and return its statistics.
+) -> tuple[dict, Vocab]:
+    """Prepare ``source`` into ``out_dir`` (replaced if it exists) and return its statistics
+    (what ``stats.json`` holds) and the vocabulary written there, so that a caller need not
+    read back what was just written.
 
     ``items`` is an optional item side table (``item_columns`` maps its ``item_id`` and
     ``category`` / ``attributes`` columns). ``source_name`` names an in-memory source in
@@ -335,7 +337,7 @@ def prepare_dataset(
             "temporal split is impossible: use data.split.method=leave_one_out or leave_last_n"
         )
     with _staging(out_dir) as stage:
-        stats = _prepare(source, name, schema, settings, stage, items, item_columns)
+        stats, vocab = _prepare(source, name, schema, settings, stage, items, item_columns)
     log.info(
         "prepared %s: %d users, %d events (%d train), %d items, val/test targets %d/%d -> %s",
         name,
@@ -347,7 +349,7 @@ def prepare_dataset(
         stats["test_targets"],
         out_dir,
     )
-    return stats
+    return stats, vocab
 
 
 def _prepare(
@@ -358,7 +360,7 @@ def _prepare(
     stage: Path,
     items: EventSource | None,
     item_columns: Mapping[str, str | None] | None,
-) -> dict:
+) -> tuple[dict, Vocab]:
     clock = _Stopwatch()
     raw = scan_events(source, schema)
     rows_read = int(_collect(raw.select(pl.len()), name).item())
@@ -633,8 +635,9 @@ def _prepare(
     shutil.rmtree(parts.work, ignore_errors=True)
     clock.lap("finish")
     log.info("prepare seconds per stage: %s", clock.seconds)
-    (stage / STATS_FILE).write_text(json.dumps(stats, indent=2, default=str))
-    return stats
+    text = json.dumps(stats, indent=2, default=str)
+    (stage / STATS_FILE).write_text(text)
+    return json.loads(text), vocab  # as a reader of stats.json sees them
 
 
 _BAD_ROW_COLUMNS = (RAW_TIMESTAMP, RAW_EVENT_TYPE, PROBLEM)  # null in every good row

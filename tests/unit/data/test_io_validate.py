@@ -576,10 +576,10 @@ def prepare_file_and_frame(tmp_path: Path, log: pl.DataFrame, suffix: str) -> tu
     path = tmp_path / f"log{suffix}"
     getattr(log, "write_csv" if suffix == ".csv" else "write_parquet")(path)
     settings = PrepareSettings(as_of=utc(2030, 1, 1))
-    from_file = prepare_dataset(
+    from_file, _ = prepare_dataset(
         path, schema=EventSchema(), settings=settings, out_dir=tmp_path / "a"
     )
-    in_memory = prepare_dataset(
+    in_memory, _ = prepare_dataset(
         log, schema=EventSchema(), settings=settings, out_dir=tmp_path / "b"
     )
     assert from_file["source"] == str(path)

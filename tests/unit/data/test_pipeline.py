@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -70,7 +71,14 @@ def with_noise(events: pl.DataFrame) -> tuple[pl.DataFrame, int, int, int]:
 
 
 def prepare(source, out, settings: PrepareSettings = SETTINGS, schema: EventSchema = SCHEMA):
-    return prepare_dataset(source, schema=schema, settings=settings, out_dir=out)
+    stats, vocab = prepare_dataset(source, schema=schema, settings=settings, out_dir=out)
+    # what is returned is what was written: no caller needs to read the folder back
+    assert stats == json.loads((Path(out) / "stats.json").read_text())
+    on_disk = Vocab.load(out)
+    assert vocab.behaviors == on_disk.behaviors
+    assert_frame_equal(vocab.items, on_disk.items)
+    assert_frame_equal(vocab.attributes, on_disk.attributes)
+    return stats
 
 
 def test_folder_contents_and_stats_file(tmp_path):

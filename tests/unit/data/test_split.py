@@ -266,7 +266,7 @@ def prepared(request, tmp_path_factory):
     }[request.param]
     out = tmp_path_factory.mktemp(request.param) / "prep"
     events = _synthetic()
-    stats = prepare_dataset(
+    stats, _ = prepare_dataset(
         events,
         schema=EventSchema(),
         settings=PrepareSettings(split=split_settings, time_buckets=BUCKETS),
@@ -397,7 +397,7 @@ def test_vocabulary_counts_the_training_window_only(prepared):
 def test_item_first_seen_after_the_cut_is_unknown_and_its_target_dropped(tmp_path):
     events = _synthetic()
     settings = PrepareSettings(time_buckets=BUCKETS)
-    base_stats = prepare_dataset(
+    base_stats, _ = prepare_dataset(
         events, schema=EventSchema(), settings=settings, out_dir=tmp_path / "base"
     )
     base = SequenceStore.from_parquet(tmp_path / "base" / SEQUENCES_FILE)
@@ -432,7 +432,7 @@ def test_item_first_seen_after_the_cut_is_unknown_and_its_target_dropped(tmp_pat
         .alias(CATEGORY),
     ).drop("_row")
 
-    stats = prepare_dataset(
+    stats, _ = prepare_dataset(
         changed, schema=EventSchema(), settings=settings, out_dir=tmp_path / "changed"
     )
     store = SequenceStore.from_parquet(tmp_path / "changed" / SEQUENCES_FILE)
