@@ -155,7 +155,8 @@ class SeqRecModule(pl.LightningModule):
                 "training.attribute_loss_weight > 0 trains the retrieval query to predict the "
                 f"target's attributes: it needs objective=retrieval (got {objective!r}) and an "
                 f"encoder whose keys end with an attribute bag (got {type(encoder).__name__}; "
-                "use model=atrank with model.attribute_dim > 0 and model.key_projection=false), "
+                "use model=atrank with model.attribute_dim > 0, model.key_projection=false and "
+                "model.score_temperature=null), "
                 "or set it to 0"
             )
         input_mask_prob = _check_dropout("training.input_mask_prob", input_mask_prob)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import polars as pl

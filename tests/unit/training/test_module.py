@@ -305,6 +305,9 @@ def test_attribute_loss_needs_attributes_in_the_keys():
         module(items_only, attribute_loss_weight=1.0)
     with pytest.raises(ValueError, match="attribute_dim > 0"):
         items_only.score_attributes(torch.zeros(1, 8))
+    cosine = encoder(score_temperature=0.1)  # normalised keys: the halves no longer add up
+    with pytest.raises(ValueError, match="score_temperature=null"):
+        module(cosine, attribute_loss_weight=1.0)
 
 
 def re_escape(text: str) -> str:
