@@ -63,6 +63,7 @@ from recsys.model.layers import (
     _check_filter_mix,
     _check_heads,
     _check_int,
+    _check_optional_positive,
     attention_mask,
     never_recommended,
 )
@@ -554,14 +555,13 @@ class ATRank(nn.Module):
 
 def _check_score_temperature(value: object) -> float | None:
     """``score_temperature``: None (dot-product scores) or τ > 0 (cosine / τ)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value <= 10.0:
-        raise ValueError(
-            f"score_temperature={value!r} is invalid: pass null for dot-product scores or a "
-            f"temperature in (0, 10] for cosine scores divided by it (CORE's 0.07)"
-        )
-    return float(value)
+    return _check_optional_positive(
+        "score_temperature",
+        value,
+        maximum=10.0,
+        hint="pass null for dot-product scores or a temperature in (0, 10] for cosine scores "
+        "divided by it (CORE's 0.07)",
+    )
 
 
 class _Scale(nn.Module):

@@ -11,7 +11,6 @@ time-bucket embedding and the positional encoding are then added.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +23,7 @@ from recsys.model.layers import (
     _check_bool,
     _check_choice,
     _check_int,
+    _check_optional_positive,
 )
 from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
 
@@ -32,14 +32,13 @@ POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none")
 
 def _check_embedding_std(value: object) -> float | None:
     """``embedding_std``: None, or the positive std at which embedding tables are stored."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value <= 1.0:
-        raise ValueError(
-            f"embedding_std={value!r} is invalid: pass the std the embedding tables are stored "
-            f"at, in (0, 1] (0.02: BSARec's; smaller learns faster), or null for dim^-1/2"
-        )
-    return float(value)
+    return _check_optional_positive(
+        "embedding_std",
+        value,
+        maximum=1.0,
+        hint="pass the std the embedding tables are stored at, in (0, 1] (0.02: BSARec's; "
+        "smaller learns faster), or null for dim^-1/2",
+    )
 
 
 def _init_table(table: nn.Embedding, std: float | None) -> float:

@@ -38,6 +38,17 @@ def _check_dropout(name: str, value: object) -> float:
     return float(value)
 
 
+def _check_optional_positive(
+    name: str, value: object, *, maximum: float, hint: str
+) -> float | None:
+    """None, or a number in (0, maximum] returned as a float; ``hint`` says what to pass."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value <= maximum:
+        raise ValueError(f"{name}={value!r} is invalid: {hint}")
+    return float(value)
+
+
 def _check_choice(name: str, value: object, allowed: Collection[object]) -> object:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported: choose one of {list(allowed)}")
