@@ -37,16 +37,27 @@ def exclude_items(scores: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     return scores.scatter(1, items, -math.inf)
 
 
-def apply_seen_policy(scores: torch.Tensor, history: torch.Tensor, policy: str) -> torch.Tensor:
+def apply_seen_policy(
+    scores: torch.Tensor,
+    history: torch.Tensor,
+    policy: str,
+    *,
+    seen: torch.Tensor | None = None,
+) -> torch.Tensor:
     """What happens to the scores (B, I) of the items in each row's ``history`` (B, T):
     ``keep``; ``exclude`` (-inf: never ranked); ``zero`` (0, as the S3-Rec family's evaluation
-    code does: items with negative scores still rank below them). PAD and UNK stay -inf."""
+    code does: items with negative scores still rank below them). PAD and UNK stay -inf.
+    ``seen``: ``seen_mask(scores, history)`` when the caller has built it already."""
     if policy == "keep":
         return scores
     if policy == "exclude":
-        return exclude_items(scores, history)
+        if seen is None:
+            return exclude_items(scores, history)
+        excluded = scores.masked_fill(seen, -math.inf)
+        excluded[:, :NUM_RESERVED] = -math.inf
+        return excluded
     if policy == "zero":
-        zeroed = scores.masked_fill(seen_mask(scores, history), 0.0)
+        zeroed = scores.masked_fill(seen_mask(scores, history) if seen is None else seen, 0.0)
         zeroed[:, :NUM_RESERVED] = -math.inf
         return zeroed
     raise ValueError(f"seen_items={policy!r} is not supported: choose one of {SEEN_POLICIES}")

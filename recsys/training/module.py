@@ -418,7 +418,10 @@ class SeqRecModule(pl.LightningModule):
         two-stage top K of every row goes into ``coverage`` when given."""
         output = self(batch)
         raw = self.encoder.score_items(output.query).float()  # (B, I)
-        scores = apply_seen_policy(raw, batch.seen, self.seen_items)
+        # the (B, I) mask of each row's history, built once for every rule below that needs it
+        needs_seen = self.seen_items != "keep" or self.sampled is not None
+        seen = seen_mask(raw, batch.seen) if needs_seen else None
+        scores = apply_seen_policy(raw, batch.seen, self.seen_items, seen=seen)
         metrics = {
             f"retrieval_{name}": value
             for name, value in ranking_metrics(
@@ -429,7 +432,7 @@ class SeqRecModule(pl.LightningModule):
         # seen items scored 0 by the policy keep that score when re-ranked: the P1 rule
         # applies to the ranking users get, not to stage 1 only
         zeroed = self.rerank_top_n and self.seen_items == "zero"
-        fixed = seen_mask(raw, batch.seen) if zeroed else None
+        fixed = seen if zeroed else None
         ranking = two_stage(
             self.encoder,
             output,
@@ -449,18 +452,21 @@ class SeqRecModule(pl.LightningModule):
         if coverage is not None:
             coverage.update(ranking.items[:, :depth])
         if self.sampled is not None:
-            metrics.update(self._sampled_metrics(raw, batch))
+            metrics.update(self._sampled_metrics(raw, batch, seen))
         return metrics
 
-    def _sampled_metrics(self, scores: torch.Tensor, batch: SeqBatch) -> dict[str, torch.Tensor]:
+    def _sampled_metrics(
+        self, scores: torch.Tensor, batch: SeqBatch, seen: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         """HR/NDCG against ``num_negatives`` sampled items the user has not interacted with
-        (before the target), and ATRank's AUC. Negatives are drawn from a generator seeded by the
-        batch's user rows, so every model is evaluated against the same negatives."""
+        (before the target; ``seen`` (B, I) marks them), and ATRank's AUC. Negatives are drawn
+        from a generator seeded by the batch's user rows, so every model is evaluated against
+        the same negatives."""
         sampler, count = self.sampled
         generator = torch.Generator().manual_seed(int(batch.user_index.sum()) * 7919 + len(batch))
         negatives = sampler.sample((len(batch), count), generator=generator, device=scores.device)
         # (B, I) mask, then a gather: a (B, K, H) comparison grows with the whole history
-        collides = seen_mask(scores, batch.seen).gather(1, negatives)
+        collides = seen.gather(1, negatives)
         collides |= negatives == batch.target_item[:, None]
         ranks, auc = sampled_ranks(scores, batch.target_item, negatives, ~collides)
         sampled = ranking_metrics(ranks, self.metric_ks)

@@ -13,7 +13,7 @@ import torch
 from recsys.data.batch import SeqBatch
 from recsys.model import ATRank
 from recsys.model.sasrec import SASRec
-from recsys.retrieval.ranker import apply_seen_policy
+from recsys.retrieval.ranker import apply_seen_policy, seen_mask
 from recsys.training import losses
 from recsys.training.metrics import CoverageAccumulator, sampled_ranks
 from recsys.training.module import SeqRecModule
@@ -369,6 +369,13 @@ def test_seen_policies():
     zeroed = apply_seen_policy(scores, history, "zero")
     # the S3-Rec family's rule: seen items score 0, so item 3 (score -1) moves *up*
     assert zeroed[0].tolist() == [-math.inf, -math.inf, 2.0, 0.0, 0.0]
+    # a mask the caller built already gives the same scores
+    seen = seen_mask(scores, history)
+    for policy in ("keep", "exclude", "zero"):
+        assert torch.equal(
+            apply_seen_policy(scores, history, policy, seen=seen),
+            apply_seen_policy(scores, history, policy),
+        )
 
 
 @pytest.mark.parametrize("policy", ["exclude", "zero"])
