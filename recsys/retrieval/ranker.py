@@ -50,17 +50,12 @@ def apply_seen_policy(
     ``seen``: ``seen_mask(scores, history)`` when the caller has built it already."""
     if policy == "keep":
         return scores
-    if policy == "exclude":
-        if seen is None:
-            return exclude_items(scores, history)
-        excluded = scores.masked_fill(seen, -math.inf)
-        excluded[:, :NUM_RESERVED] = -math.inf
-        return excluded
-    if policy == "zero":
-        zeroed = scores.masked_fill(seen_mask(scores, history) if seen is None else seen, 0.0)
-        zeroed[:, :NUM_RESERVED] = -math.inf
-        return zeroed
-    raise ValueError(f"seen_items={policy!r} is not supported: choose one of {SEEN_POLICIES}")
+    if policy not in SEEN_POLICIES:
+        raise ValueError(f"seen_items={policy!r} is not supported: choose one of {SEEN_POLICIES}")
+    seen = seen_mask(scores, history) if seen is None else seen
+    ruled = scores.masked_fill(seen, -math.inf if policy == "exclude" else 0.0)
+    ruled[:, :NUM_RESERVED] = -math.inf
+    return ruled
 
 
 def seen_mask(scores: torch.Tensor, history: torch.Tensor) -> torch.Tensor:

@@ -376,6 +376,8 @@ def test_seen_policies():
             apply_seen_policy(scores, history, policy, seen=seen),
             apply_seen_policy(scores, history, policy),
         )
+    with pytest.raises(ValueError, match="seen_items='drop' is not supported"):
+        apply_seen_policy(scores, history, "drop")
 
 
 @pytest.mark.parametrize("policy", ["exclude", "zero"])
