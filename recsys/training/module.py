@@ -42,6 +42,7 @@ that users get; ``sampled_`` and ``auc`` use the retrieval scores).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -517,11 +518,27 @@ class SeqRecModule(pl.LightningModule):
         optimizer = self.optimizer_factory(params=self.parameters())
         if self.scheduler_factory is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer=optimizer)
+        extra = {}
+        if "steps_per_epoch" in inspect.signature(self.scheduler_factory).parameters:
+            extra["steps_per_epoch"] = self._steps_per_epoch()
+        scheduler = self.scheduler_factory(optimizer=optimizer, **extra)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+    def _steps_per_epoch(self) -> int:
+        """Optimiser steps in one training epoch, for schedules set in epochs
+        (:mod:`recsys.training.schedules`)."""
+        trainer = self.trainer
+        trainer.estimated_stepping_batches  # noqa: B018 (sets the training loader up if needed)
+        batches = trainer.num_training_batches
+        if not 0 < batches < math.inf:
+            raise ValueError(
+                f"a schedule set in epochs needs a finite training epoch; this one has {batches} "
+                "batches (set trainer.max_epochs, and give the training loader a length)"
+            )
+        return math.ceil(batches / trainer.accumulate_grad_batches)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = {

@@ -478,6 +478,28 @@ def test_faithful_preset_trains_on_every_prefix(make_config):
         train.run(bad)
 
 
+def test_a_schedule_set_in_epochs_learns_the_epoch_length_from_the_trainer(make_config):
+    """training.scheduler=warmup_cosine through the real training task: the module hands it
+    the steps per epoch, so after one epoch of a 2-epoch horizon with half an epoch of warm-up
+    the decay is a third done, whatever the epoch's length: lr * (1 + cos(pi/3)) / 2."""
+    import torch
+
+    schedule = (
+        "training.scheduler={_target_: recsys.training.schedules.warmup_cosine, _partial_: true,"
+        " epochs: 2, warmup_epochs: 0.5}"
+    )
+    overrides = [*TINY, "logger=none", "trainer.max_epochs=1", schedule]
+    cfg = make_config("config", overrides)
+    trained = train.run(cfg)
+    last = torch.load(
+        trained.checkpoint.with_name("last.ckpt"), map_location="cpu", weights_only=False
+    )
+    (state,) = last["lr_schedulers"]
+    assert state["last_epoch"] > 1  # optimiser steps taken
+    lr = cfg.training.optimizer.lr
+    assert state["_last_lr"][0] == pytest.approx(lr * 0.75)
+
+
 def test_same_target_contrastive_loss_trains_through_the_real_tasks(make_config):
     """training.contrastive_positive=same_target: the data module adds each row's same-target
     partner to the batch (the module refuses batches without them); without prefixes it is
