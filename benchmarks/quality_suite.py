@@ -260,6 +260,7 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
         "model": model.name,
         "seed": seed,
         "loss": str(cfg.training.loss),
+        "unknown_targets": str(cfg.training.unknown_targets),
         "command": command,
         "test": metrics,
         "best_val": trained.best_val,
@@ -300,7 +301,7 @@ def table(results: list[dict]) -> str:
             first = runs[0]["test"]
             for baseline in BASELINES:
                 rows.append(
-                    f"| {dataset} | {MODELS[baseline].label} | {spec.protocol} | 1 | "
+                    f"| {dataset} | {MODELS[baseline].label} | {_protocol(spec, runs[0])} | 1 | "
                     f"{first[f'test/{baseline}_hr_at_10']:.4f} | "
                     f"{first[f'test/{baseline}_ndcg_at_10']:.4f} | "
                     f"{_published(spec.published.get(baseline))} | — | — | "
@@ -312,13 +313,28 @@ def table(results: list[dict]) -> str:
         to_target = "—" if dataset != "beauty" else _minutes_to_recbole(runs)
         published = spec.published.get(MODELS[model].compare_as or model)
         rows.append(
-            f"| {dataset} | {_label(MODELS[model], runs[0])} | {spec.protocol} | {len(runs)} | "
+            f"| {dataset} | {_label(MODELS[model], runs[0])} | {_protocol(spec, runs[0])} | "
+            f"{len(runs)} | "
             f"{_spread(hr)} | {_spread(ndcg)} | {_published(published)} | "
             f"{statistics.fmean(minutes):.1f} | {to_target} | `{_overrides(runs[0])}` |"
         )
     notes = [f"- {d}: {DATASETS[d].note}" for d in dict.fromkeys(r["dataset"] for r in results)]
     notes = [n for n in notes if not n.endswith(": ")]
     return "\n".join(rows + ([""] + notes if notes else []))
+
+
+UNKNOWN_TARGETS_WORDS = {
+    "skip": "unknown-item targets left out",
+    "miss": "unknown-item targets missed",
+}
+
+
+def _protocol(spec: Dataset, result: dict) -> str:
+    """The dataset's protocol and what the run did with targets whose item never occurs in
+    training (``training.unknown_targets``; JSON from before that field: not stated, they were
+    left out)."""
+    policy = result.get("unknown_targets")
+    return f"{spec.protocol}, {UNKNOWN_TARGETS_WORDS[policy]}" if policy else spec.protocol
 
 
 def _label(model: Model, result: dict) -> str:

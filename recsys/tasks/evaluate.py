@@ -40,7 +40,8 @@ def load_model(ref: str | Path, logger_cfg) -> LoadedModel:
 
 def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:
     """How the numbers were measured, stamped on the run (and in the benchmark table)."""
-    split = datamodule.stats["split"]
+    stats = datamodule.stats
+    split = stats["split"]
     sampled = cfg.training.get("sampled_metrics")
     return {
         "protocol.split": split["method"],
@@ -52,11 +53,20 @@ def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, st
             else "none"
         ),
         "protocol.seen_items": SEEN_ITEMS_WORDS[cfg.training.seen_items],
+        "protocol.unknown_item_targets": (
+            f"{UNKNOWN_TARGETS_WORDS[cfg.training.get('unknown_targets', 'skip')]} "
+            f"({stats.get('val_targets_unknown_item', 0)} validation, "
+            f"{stats.get('test_targets_unknown_item', 0)} test)"
+        ),
         "protocol.max_seq_len": str(datamodule.max_seq_len),
         "data.fingerprint": datamodule.stats["fingerprint"],
     }
 
 
+UNKNOWN_TARGETS_WORDS = {
+    "skip": "left out of the means",
+    "miss": "counted as misses (S3-Rec family)",
+}
 SEEN_ITEMS_WORDS = {
     "keep": "kept",
     "exclude": "excluded (-inf)",
@@ -65,13 +75,17 @@ SEEN_ITEMS_WORDS = {
 
 
 def _evaluation_module(
-    cfg: DictConfig, encoder: torch.nn.Module, vocab: Vocab, **overrides
+    cfg: DictConfig, encoder: torch.nn.Module, vocab: Vocab, stats: dict, **overrides
 ) -> SeqRecModule:
     # evaluation only: no optimiser, and no auxiliary training loss (which the baselines,
     # having no attributes, could not take)
     overrides = {"attribute_loss_weight": 0.0, **overrides}
     return instantiate(cfg.training, _partial_=True)(
-        encoder=encoder, optimizer=None, scheduler=None, **data_arguments(vocab), **overrides
+        encoder=encoder,
+        optimizer=None,
+        scheduler=None,
+        **data_arguments(vocab, stats),
+        **overrides,
     )
 
 
@@ -98,19 +112,22 @@ def run(
     device = pick_device(cfg.trainer.accelerator)
     datamodule.setup()
     store, train_counts = datamodule.store, model.vocab.item_train_counts()
+    stats = datamodule.stats
     candidates = {
-        "": _evaluation_module(cfg, model.encoder, model.vocab),
+        "": _evaluation_module(cfg, model.encoder, model.vocab, stats),
         # one stage: popularity has nothing to re-rank with
         "popularity_": _evaluation_module(
             cfg,
             Popularity(torch.tensor(train_counts)),
             model.vocab,
+            stats,
             rerank_top_n=0,
         ),
         "transition_": _evaluation_module(
             cfg,
             Transition.from_sequences(store.item, store.offsets, store.train_end, train_counts),
             model.vocab,
+            stats,
             rerank_top_n=0,
         ),
     }
@@ -118,7 +135,9 @@ def run(
     for split in splits:
         loader = datamodule.target_loader(split)
         for prefix, module in candidates.items():
-            values = evaluate(module, loader, device=device, description=f"{split} {prefix}")
+            values = evaluate(
+                module, loader, device=device, split=split, description=f"{split} {prefix}"
+            )
             metrics.update({f"{split}/{prefix}{k}": v for k, v in values.items()})
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
         tracker.log_metrics(metrics)

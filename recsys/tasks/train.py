@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -21,6 +23,7 @@ from recsys.data.vocab import Vocab
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, use_tracker
 from recsys.training.callbacks import TrainingClock
+from recsys.training.metrics import known_target_shares
 from recsys.training.module import same_target_partners
 
 log = logging.getLogger(__name__)
@@ -67,12 +70,14 @@ def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Mod
     return encoder
 
 
-def data_arguments(vocab: Vocab) -> dict:
+def data_arguments(vocab: Vocab, stats: Mapping[str, Any]) -> dict:
     """What the training module needs from the data: behaviour names (for
-    ``training.behavior_weights``) and item training counts (popularity-sampled negatives)."""
+    ``training.behavior_weights``), item training counts (popularity-sampled negatives) and
+    the share of each split's targets that can be ranked (``training.unknown_targets``)."""
     return {
         "behaviors": list(vocab.behaviors),
         "item_counts": torch.tensor(vocab.item_train_counts(), dtype=torch.long),
+        "target_shares": known_target_shares(stats),
     }
 
 
@@ -195,7 +200,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
     # a partial, so the (large, plain) checkpoint_extra is not copied into an OmegaConf node
     module = instantiate(cfg.training, _partial_=True)(
         encoder=encoder,
-        **data_arguments(datamodule.vocab),
+        **data_arguments(datamodule.vocab, datamodule.stats),
         checkpoint_extra=checkpoint_extra(
             vocab=datamodule.vocab,
             schema=event_schema(cfg.data),

@@ -67,7 +67,7 @@ class TrainingClock(pl.Callback):
                 for batch in trainer.datamodule.test_dataloader():
                     batch = batch.to(pl_module.device)
                     totals.update(pl_module.evaluation_metrics(batch))
-            for name, value in totals.compute().items():
+            for name, value in pl_module.per_target_means("test", totals.compute()).items():
                 if name.startswith(("ndcg_at", "hr_at")):
                     self._curve[f"curve/test_{name}"] = value
                     pl_module.log(f"curve/test_{name}", value)

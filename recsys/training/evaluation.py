@@ -22,13 +22,19 @@ def pick_device(accelerator: str = "auto") -> torch.device:
 
 @torch.no_grad()
 def evaluate(
-    module: SeqRecModule, loader: DataLoader, *, device: torch.device, description: str = "eval"
+    module: SeqRecModule,
+    loader: DataLoader,
+    *,
+    device: torch.device,
+    split: str,
+    description: str = "eval",
 ) -> dict[str, float]:
-    """Mean of every per-row metric of ``module.evaluation_metrics`` over ``loader``, and the
-    catalogue coverage of the rows' top K."""
+    """Mean of every per-row metric of ``module.evaluation_metrics`` over ``loader`` (the
+    ``split`` targets, reported as the module reports that split: see
+    :meth:`SeqRecModule.per_target_means`), and the catalogue coverage of the rows' top K."""
     module = module.to(device).eval()
     totals = MeanAccumulator()
     coverage = CoverageAccumulator(module.encoder.num_items, module.metric_ks)
     for batch in tqdm(loader, desc=description, leave=False, mininterval=2.0):
         totals.update(module.evaluation_metrics(batch.to(device), coverage))
-    return {**totals.compute(), **coverage.compute()}
+    return {**module.per_target_means(split, totals.compute()), **coverage.compute()}

@@ -10,11 +10,32 @@ HR@1 = 0, HR@2 = 1, NDCG@2 = 1 / log2(3) = 0.631, MRR@2 = 0.5.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
 from recsys.schema import NUM_RESERVED
+
+UNKNOWN_TARGET_POLICIES = ("skip", "miss")
+
+
+def known_target_shares(stats: Mapping[str, Any]) -> dict[str, float]:
+    """Per split (``val``, ``test``), the share of its targets that evaluation can rank.
+
+    Preparation sets aside a validation or test target whose item never occurs in training
+    (the vocabulary is fitted on training events only), counting them in ``stats.json`` as
+    ``<split>_targets_unknown_item`` beside the ``<split>_targets`` it keeps. Metrics averaged
+    over the kept targets times this share are the same metrics with the set-aside targets
+    counted as misses (0 for each), which is what code with every item in its vocabulary
+    (the S3-Rec family's, P1) reports for them: ``training.unknown_targets=miss``.
+    """
+    shares = {}
+    for split in ("val", "test"):
+        kept = int(stats.get(f"{split}_targets", 0))
+        unknown = int(stats.get(f"{split}_targets_unknown_item", 0))
+        shares[split] = kept / (kept + unknown) if kept + unknown else 1.0
+    return shares
 
 
 def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,13 @@ it): "predict the next purchase from views, carts and purchases" is ``{purchase:
 Evaluation ranks the whole catalogue; ``seen_items`` says what happens to the items of the
 input history: ``keep``, ``exclude`` (score -inf: never ranked) or ``zero`` (score 0: the S3-Rec
 family's code, P1). ``sampled_metrics`` adds HR/NDCG against N sampled negatives and ATRank's
-AUC, for comparison with papers that used only those.
+AUC, for comparison with papers that used only those. A validation or test target whose item
+never occurs in training cannot be ranked (preparation sets it aside): ``unknown_targets="skip"``
+averages over the targets that remain, ``"miss"`` counts the set-aside ones as misses (0 in
+every per-target metric; coverage is unaffected), as code with every item in its vocabulary
+does (the S3-Rec family's, P1). ``target_shares``
+(:func:`recsys.training.metrics.known_target_shares` of the data's ``stats.json``) says how
+many there are.
 
 Metric names are stable and MLflow-safe: ``train/loss``, ``val/ndcg_at_10``,
 ``val/retrieval_hr_at_10``, ``test/mrr``, ``val/coverage_at_10``, ``test/sampled_ndcg_at_10``,
@@ -59,6 +65,7 @@ from recsys.retrieval.ranker import SEEN_POLICIES, apply_seen_policy, seen_mask,
 from recsys.schema import NUM_RESERVED, UNK_IDX
 from recsys.training import losses
 from recsys.training.metrics import (
+    UNKNOWN_TARGET_POLICIES,
     CoverageAccumulator,
     rank_in_list,
     ranking_metrics,
@@ -116,12 +123,21 @@ class SeqRecModule(pl.LightningModule):
         contrastive_positive: str = "dropout",
         seen_items: str = "keep",
         sampled_metrics: Mapping[str, Any] | None = None,
+        unknown_targets: str = "skip",
+        target_shares: Mapping[str, float] | None = None,
         checkpoint_extra: dict | None = None,
     ):
         super().__init__()
         _choice("training.loss", loss, losses.LOSSES)
         _choice("training.objective", objective, OBJECTIVES)
         _choice("training.seen_items", seen_items, SEEN_POLICIES)
+        _choice("training.unknown_targets", unknown_targets, UNKNOWN_TARGET_POLICIES)
+        if unknown_targets == "miss" and target_shares is None:
+            raise ValueError(
+                "training.unknown_targets=miss needs target_shares, the share of each split's "
+                "targets that can be ranked (recsys.training.metrics.known_target_shares of the "
+                "prepared data's stats.json): pass it, or use unknown_targets=skip"
+            )
         if objective == "target_attention" and loss == "full_softmax":
             raise ValueError(
                 "training.objective=target_attention scores candidates one by one, so it needs "
@@ -210,6 +226,12 @@ class SeqRecModule(pl.LightningModule):
         self.partners = same_target_partners(contrastive_weight, contrastive_positive)
         self.seen_items = seen_items
         self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
+        # per split, the factor that turns means over the ranked targets into means over all
+        self.metric_scale = (
+            {split: float(share) for split, share in target_shares.items()}
+            if unknown_targets == "miss"
+            else {}
+        )
         self.checkpoint_extra = dict(checkpoint_extra or {})
         self._coverage: dict[str, CoverageAccumulator] = {}
         self.save_hyperparameters(
@@ -232,6 +254,7 @@ class SeqRecModule(pl.LightningModule):
                 "contrastive_positive": contrastive_positive,
                 "seen_items": seen_items,
                 "sampled_metrics": dict(sampled_metrics or {}),
+                "unknown_targets": unknown_targets,
             }
         )
 
@@ -475,6 +498,13 @@ class SeqRecModule(pl.LightningModule):
         out["auc"] = auc
         return out
 
+    def per_target_means(self, stage: str, means: Mapping[str, Any]) -> dict[str, Any]:
+        """Means of :meth:`evaluation_metrics` over the ``stage`` split's ranked targets, as
+        this module reports them: under ``unknown_targets="miss"`` scaled to every target, the
+        unrankable ones counted as misses."""
+        scale = self.metric_scale.get(stage, 1.0)
+        return {name: value * scale for name, value in means.items()}
+
     def _stage_coverage(self, stage: str) -> CoverageAccumulator:
         if stage not in self._coverage:
             self._coverage[stage] = CoverageAccumulator(self.encoder.num_items, self.metric_ks)
@@ -482,10 +512,12 @@ class SeqRecModule(pl.LightningModule):
 
     def _log_evaluation(self, stage: str, batch: SeqBatch) -> None:
         values = self.evaluation_metrics(batch, self._stage_coverage(stage))
-        for name, value in values.items():
+        # batch means, each scaled by a constant: the epoch's mean of them scales with it
+        means = self.per_target_means(stage, {name: v.mean() for name, v in values.items()})
+        for name, value in means.items():
             self.log(
                 f"{stage}/{name}",
-                value.mean(),
+                value,
                 batch_size=len(batch),
                 on_step=False,
                 on_epoch=True,

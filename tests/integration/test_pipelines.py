@@ -87,6 +87,10 @@ def test_main_job_mlflow_run(main_run):
     assert len(epochs) == cfg.trainer.max_epochs  # one value per epoch
     assert run.data.tags["protocol.split"] == "temporal"
     stats = load_stats(Path(cfg.paths.run_dir) / "prepared")
+    assert run.data.tags["protocol.unknown_item_targets"] == (
+        f"left out of the means ({stats['val_targets_unknown_item']} validation, "
+        f"{stats['test_targets_unknown_item']} test)"
+    )
     assert run.data.tags["data.fingerprint"] == stats["fingerprint"]
     for key in ("rows_read", "events", "users", "quarantined"):
         assert run.data.tags[f"data.{key}"] == str(stats[key]), key

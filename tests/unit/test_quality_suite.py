@@ -87,6 +87,17 @@ def test_table_names_the_loss_the_run_trained_with():
     assert rows(quality_suite.table([full]))[-1][1] == "SASRec+ (full-softmax CE)"
 
 
+def test_table_states_what_the_run_did_with_unrankable_targets():
+    """The protocol column names ``training.unknown_targets`` as the run recorded it; a JSON
+    from before the field keeps the dataset's protocol as it is."""
+    base = fake_result("sasrec_ce", 0, 0.05, 0.08, reached=None)
+    for policy, words in (("miss", "missed"), ("skip", "left out")):
+        table = rows(quality_suite.table([{**base, "unknown_targets": policy}]))
+        expected = f"P1: leave-one-out, all items, history scored 0, unknown-item targets {words}"
+        assert [row[2] for row in table] == [expected] * 3  # the baselines' rows as well
+    assert rows(quality_suite.table([base]))[-1][2] == quality_suite.P1
+
+
 def test_table_from_saved_runs_merges_the_files(tmp_path, capsys):
     first, second = tmp_path / "seed0.json", tmp_path / "seeds12.json"
     first.write_text(json.dumps([fake_result("sasrec_ce", 0, 0.05, 0.08, reached=300.0)]))

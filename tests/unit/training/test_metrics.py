@@ -5,6 +5,7 @@ import torch
 
 from recsys.training.metrics import (
     MeanAccumulator,
+    known_target_shares,
     rank_in_list,
     ranking_metrics,
     target_ranks,
@@ -63,3 +64,15 @@ def test_mean_accumulator():
     assert acc.compute() == {"hr": pytest.approx(2 / 3)}
     with pytest.raises(ValueError, match="no rows"):
         MeanAccumulator().compute()
+
+
+def test_known_target_shares_from_the_preparation_counts():
+    stats = {
+        "val_targets": 3,
+        "val_targets_unknown_item": 1,
+        "test_targets": 10,
+        "test_targets_unknown_item": 0,
+    }
+    assert known_target_shares(stats) == {"val": 0.75, "test": 1.0}
+    # no targets at all (or an older stats.json without the counts): nothing to scale
+    assert known_target_shares({}) == {"val": 1.0, "test": 1.0}

@@ -15,7 +15,8 @@ from recsys.model import ATRank
 from recsys.model.sasrec import SASRec
 from recsys.retrieval.ranker import apply_seen_policy, seen_mask
 from recsys.training import losses
-from recsys.training.metrics import CoverageAccumulator, sampled_ranks
+from recsys.training.evaluation import evaluate
+from recsys.training.metrics import CoverageAccumulator, known_target_shares, sampled_ranks
 from recsys.training.module import SeqRecModule
 
 NUM_ITEMS = 30
@@ -268,6 +269,8 @@ def test_non_causal_encoder_trains_its_last_position_only():
         ({"behavior_weights": {"click": 1.0}}, "click"),
         ({"behavior_weights": {"view": 0.0}}, "not all 0"),
         ({"seen_items": "drop"}, "seen_items='drop'"),
+        ({"unknown_targets": "drop"}, "unknown_targets='drop'"),
+        ({"unknown_targets": "miss"}, "unknown_targets=miss needs target_shares"),
         ({"sampled_metrics": {"num_negatives": 100_000}}, "num_negatives=100000"),
         ({"attribute_loss_weight": -1.0}, "attribute_loss_weight=-1.0"),
         ({"attribute_loss_weight": math.inf}, "attribute_loss_weight=inf"),
@@ -441,3 +444,39 @@ def test_gbce_module_uses_the_catalogue_beta():
     assert m.gbce_beta == pytest.approx(
         losses.gbce_beta(num_negatives=4, num_items=NUM_ITEMS - 2, t=0.5)
     )
+
+
+def test_unknown_targets_miss_counts_the_set_aside_targets_as_misses():
+    """Targets set aside at preparation (their item never occurs in training) count as 0 in
+    every per-target metric under ``miss``: the means over the ranked rows times their share,
+    checked against a brute-force mean over ranked and set-aside targets. Coverage (of the
+    ranked rows' lists) and ``skip`` are unchanged."""
+    b = batch()
+    b.target_item = b.target_item[:, -1].clamp(min=2)
+    b.target_behavior = b.target_behavior[:, -1]
+    # 4 ranked test targets and 4 set aside; validation has none set aside
+    stats = {
+        "val_targets": 4,
+        "val_targets_unknown_item": 0,
+        "test_targets": 4,
+        "test_targets_unknown_item": 4,
+    }
+    shares = known_target_shares(stats)
+    skip = module(metric_ks=(1, 5), target_shares=shares).eval()
+    miss = module(metric_ks=(1, 5), unknown_targets="miss", target_shares=shares).eval()
+    miss.load_state_dict(skip.state_dict())
+    cpu = torch.device("cpu")
+    kept = evaluate(skip, [b], device=cpu, split="test")
+    counted = evaluate(miss, [b], device=cpu, split="test")
+    with torch.no_grad():
+        rows = skip.evaluation_metrics(b)
+    for name, per_row in rows.items():
+        everything = torch.cat([per_row, torch.zeros(4)])  # the set-aside targets: misses
+        assert counted[name] == pytest.approx(float(everything.mean())), name
+        assert kept[name] == pytest.approx(float(per_row.mean())), name
+    assert kept["mrr"] > 0  # the check above is not 0 == 0
+    for name in ("coverage_at_1", "coverage_at_5"):
+        assert counted[name] == kept[name]
+    # a split with nothing set aside reports the same either way
+    assert evaluate(miss, [b], device=cpu, split="val") == kept
+    assert miss.hparams["unknown_targets"] == "miss"
