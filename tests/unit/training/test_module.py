@@ -8,7 +8,9 @@ import warnings
 from functools import partial
 
 import pytest
+import pytorch_lightning as pl
 import torch
+from torch.utils.data import DataLoader
 
 from recsys.data.batch import SeqBatch
 from recsys.model import ATRank
@@ -480,3 +482,32 @@ def test_unknown_targets_miss_counts_the_set_aside_targets_as_misses():
     # a split with nothing set aside reports the same either way
     assert evaluate(miss, [b], device=cpu, split="val") == kept
     assert miss.hparams["unknown_targets"] == "miss"
+
+
+def test_lightning_validation_reports_the_same_means_as_evaluate():
+    """The validation loop (early stopping, checkpoints, MLflow) logs what ``evaluate`` gives:
+    under ``miss`` the per-target means scaled by the split's share, coverage as it is."""
+    b = batch()
+    b.target_item = b.target_item[:, -1].clamp(min=2)
+    b.target_behavior = b.target_behavior[:, -1]
+    shares = {"val": 0.5, "test": 1.0}
+    reported = {}
+    for policy in ("skip", "miss"):
+        m = module(metric_ks=(1, 5), unknown_targets=policy, target_shares=shares)
+        trainer = pl.Trainer(
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tiny loader: Lightning suggests more workers
+            (logged,) = trainer.validate(m, DataLoader([b], batch_size=None), verbose=False)
+        expected = evaluate(m, [b], device=torch.device("cpu"), split="val")
+        for name, value in expected.items():
+            assert logged[f"val/{name}"] == pytest.approx(value), name
+        reported[policy] = logged
+    assert reported["miss"]["val/mrr"] == pytest.approx(0.5 * reported["skip"]["val/mrr"])
+    assert reported["skip"]["val/mrr"] > 0
+    assert reported["miss"]["val/coverage_at_5"] == reported["skip"]["val/coverage_at_5"]
