@@ -323,18 +323,16 @@ def table(results: list[dict]) -> str:
     return "\n".join(rows + ([""] + notes if notes else []))
 
 
-UNKNOWN_TARGETS_WORDS = {
-    "skip": "unknown-item targets left out",
-    "miss": "unknown-item targets missed",
-}
-
-
 def _protocol(spec: Dataset, result: dict) -> str:
     """The dataset's protocol and what the run did with targets whose item never occurs in
     training (``training.unknown_targets``; JSON from before that field: not stated, they were
     left out)."""
+    from recsys.tasks.evaluate import UNKNOWN_TARGETS_WORDS  # the runs' protocol tag's words
+
     policy = result.get("unknown_targets")
-    return f"{spec.protocol}, {UNKNOWN_TARGETS_WORDS[policy]}" if policy else spec.protocol
+    if not policy:
+        return spec.protocol
+    return f"{spec.protocol}, unknown-item targets {UNKNOWN_TARGETS_WORDS[policy]}"
 
 
 def _label(model: Model, result: dict) -> str:

@@ -54,16 +54,16 @@ def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, st
         ),
         "protocol.seen_items": SEEN_ITEMS_WORDS[cfg.training.seen_items],
         "protocol.unknown_item_targets": (
-            f"{UNKNOWN_TARGETS_WORDS[cfg.training.get('unknown_targets', 'skip')]} "
+            f"{UNKNOWN_TARGETS_WORDS[cfg.training.unknown_targets]} "
             f"({stats.get('val_targets_unknown_item', 0)} validation, "
             f"{stats.get('test_targets_unknown_item', 0)} test)"
         ),
         "protocol.max_seq_len": str(datamodule.max_seq_len),
-        "data.fingerprint": datamodule.stats["fingerprint"],
+        "data.fingerprint": stats["fingerprint"],
     }
 
 
-UNKNOWN_TARGETS_WORDS = {
+UNKNOWN_TARGETS_WORDS = {  # also the benchmark table's words
     "skip": "left out of the means",
     "miss": "counted as misses (S3-Rec family)",
 }

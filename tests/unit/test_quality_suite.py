@@ -91,7 +91,10 @@ def test_table_states_what_the_run_did_with_unrankable_targets():
     """The protocol column names ``training.unknown_targets`` as the run recorded it; a JSON
     from before the field keeps the dataset's protocol as it is."""
     base = fake_result("sasrec_ce", 0, 0.05, 0.08, reached=None)
-    for policy, words in (("miss", "missed"), ("skip", "left out")):
+    for policy, words in (
+        ("miss", "counted as misses (S3-Rec family)"),
+        ("skip", "left out of the means"),
+    ):
         table = rows(quality_suite.table([{**base, "unknown_targets": policy}]))
         expected = f"P1: leave-one-out, all items, history scored 0, unknown-item targets {words}"
         assert [row[2] for row in table] == [expected] * 3  # the baselines' rows as well
