@@ -62,9 +62,11 @@ from recsys.model.layers import (
     _check_filter_frequencies,
     _check_filter_mix,
     _check_heads,
+    _check_init_std,
     _check_int,
     _check_optional_positive,
     attention_mask,
+    init_linear_layers,
     never_recommended,
 )
 from recsys.model.outputs import EncoderOutput
@@ -132,6 +134,9 @@ class ATRank(nn.Module):
       dim^-1/2); they are used divided by it, so features start at unit scale whatever it is,
       but a smaller value makes Adam move them faster (BSARec's 0.02 learns several times
       faster per epoch on Beauty: benchmarks/README.md, "Model quality").
+    - ``init_std``: None (the default) keeps PyTorch's initialisation of the linear layers;
+      a std (0.02: BERT's, as the S3-Rec family's code uses) draws every linear weight from
+      N(0, std) with zero biases (:func:`recsys.model.layers.init_linear_layers`).
 
     ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
     rebuilds the same architecture, and it can be saved next to a ``weights_only`` checkpoint.
@@ -191,6 +196,7 @@ class ATRank(nn.Module):
         token_norm: bool = False,
         attribute_attention: bool = False,
         score_temperature: float | None = None,
+        init_std: float | None = None,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -269,6 +275,7 @@ class ATRank(nn.Module):
         filter_mix = _check_filter_mix(filter_mix)
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
         embedding_std = _check_embedding_std(embedding_std)
+        init_std = _check_init_std(init_std)
         if not key_projection and item_dim + attribute_dim != d_model:
             raise ValueError(
                 f"key_projection=False uses the item features as keys, so item_dim + "
@@ -306,6 +313,7 @@ class ATRank(nn.Module):
             "filter_mix": filter_mix,
             "filter_frequencies": filter_frequencies,
             "embedding_std": embedding_std,
+            "init_std": init_std,
             "causal_attention": causal_attention,
             "token_norm": token_norm,
             "attribute_attention": attribute_attention,
@@ -379,6 +387,7 @@ class ATRank(nn.Module):
         self.query_time_embedding = nn.Embedding(num_time_buckets, d_model, padding_idx=0)
         self.rerank_query = nn.Linear(d_model, d_model)
         self.rerank_output = nn.Linear(d_model, d_model)
+        init_linear_layers(self, init_std)
         # zero: the correction starts at 0, so an untrained head keeps the retrieval order
         # (scoring with retrieval.rerank_top_n on a checkpoint trained without the head)
         nn.init.zeros_(self.rerank_output.weight)

@@ -49,6 +49,31 @@ def _check_optional_positive(
     return float(value)
 
 
+def _check_init_std(value: object) -> float | None:
+    """``init_std``: None, or the positive std linear weights are drawn at."""
+    return _check_optional_positive(
+        "init_std",
+        value,
+        maximum=1.0,
+        hint="pass the std linear weights are drawn at, in (0, 1] (0.02: BERT's, which the "
+        "S3-Rec family's code uses), or null for PyTorch's defaults",
+    )
+
+
+def init_linear_layers(module: nn.Module, std: float | None) -> None:
+    """Draw every ``nn.Linear`` weight inside ``module`` from N(0, std) and zero its bias:
+    BERT's initialiser, which the S3-Rec family's code (S3-Rec, BSARec, DuoRec) applies to its
+    SASRec-style blocks. None keeps PyTorch's default (uniform within ±fan_in^-1/2, std ~0.07
+    at width 64). Embedding tables are set by ``embedding_std``, not here."""
+    if std is None:
+        return
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.normal_(layer.weight, std=std)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+
 def _check_choice(name: str, value: object, allowed: Collection[object]) -> object:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported: choose one of {list(allowed)}")

@@ -36,8 +36,10 @@ from recsys.model.layers import (
     _check_filter_frequencies,
     _check_filter_mix,
     _check_heads,
+    _check_init_std,
     _check_int,
     attention_mask,
+    init_linear_layers,
     never_recommended,
 )
 from recsys.model.outputs import EncoderOutput
@@ -53,7 +55,9 @@ class SASRec(nn.Module):
     ``filter_mix`` / ``filter_frequencies`` add BSARec's low-pass branch beside the attention
     (its alpha and c; 0, the default, is SASRec): see :class:`recsys.model.layers.LowPassFilter`.
     ``embedding_std`` is the std the item table is stored at (None: D^-1/2); it is used divided
-    by it, so only how fast Adam moves it changes (see :class:`ATRank`).
+    by it, so only how fast Adam moves it changes (see :class:`ATRank`). ``init_std`` draws the
+    linear weights from N(0, std) with zero biases (None: PyTorch's defaults; see
+    :class:`ATRank`).
     """
 
     causal = True
@@ -71,6 +75,7 @@ class SASRec(nn.Module):
         filter_mix: float = 0.0,
         filter_frequencies: int = 5,
         embedding_std: float | None = None,
+        init_std: float | None = None,
         num_attributes: int | None = None,
         num_behaviors: int | None = None,
         num_time_buckets: int | None = None,
@@ -88,6 +93,7 @@ class SASRec(nn.Module):
         filter_mix = _check_filter_mix(filter_mix)
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
         embedding_std = _check_embedding_std(embedding_std)
+        init_std = _check_init_std(init_std)
         self.config: dict[str, int | float | None] = {
             "num_items": num_items,
             "max_seq_len": max_seq_len,
@@ -99,6 +105,7 @@ class SASRec(nn.Module):
             "filter_mix": filter_mix,
             "filter_frequencies": filter_frequencies,
             "embedding_std": embedding_std,
+            "init_std": init_std,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -129,6 +136,7 @@ class SASRec(nn.Module):
             for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(d_model)
+        init_linear_layers(self, init_std)
         self.register_buffer("never_recommended", never_recommended(num_items), persistent=False)
 
     def set_item_attributes(self, item_attributes: torch.Tensor) -> None:
