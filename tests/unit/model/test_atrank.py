@@ -433,6 +433,8 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ({"filter_mix": -0.1}, r"filter_mix=-0.1 is invalid: pass a weight in \[0, 1\]"),
         ({"filter_frequencies": 0}, r"filter_frequencies=0 is invalid"),
         ({"embedding_std": 0.0}, r"embedding_std=0.0 is invalid: pass the std"),
+        ({"init_std": 0.0}, r"init_std=0.0 is invalid: pass the std linear weights"),
+        ({"init_std": 2.0}, r"init_std=2.0 is invalid: pass the std .* in \(0, 1\]"),
         (
             {"causal": True, "causal_attention": False},
             r"causal_attention=False lets position t attend to later events.*set causal=false",
@@ -590,6 +592,45 @@ def test_embedding_std_keeps_keys_and_inputs_at_the_same_scale(encoder: str, std
         rebuilt = type(model)(**model.config).eval()
         rebuilt.load_state_dict(model.state_dict())
         torch.testing.assert_close(rebuilt.score_items(rebuilt(*tokens).query), scores)
+
+
+@pytest.mark.parametrize("encoder", ["atrank", "sasrec"])
+def test_init_std_draws_every_linear_weight_and_zeroes_biases(encoder: str) -> None:
+    """init_std=0.02: every linear layer N(0, 0.02) with zero bias (the S3-Rec family's BERT
+    initialiser), except the re-rank correction, which starts at zero so an untrained head
+    keeps the retrieval order; embedding tables keep embedding_std's scale; None keeps
+    PyTorch's default (uniform within ±fan_in^-1/2); the config rebuilds it."""
+
+    def build(init_std):
+        torch.manual_seed(0)
+        if encoder == "atrank":
+            return ATRank(**{**SIZES, "num_items": 3000}, d_model=64, init_std=init_std)
+        return SASRec(num_items=3000, max_seq_len=8, d_model=64, init_std=init_std)
+
+    model = build(0.02)
+    assert model.config["init_std"] == 0.02
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert any(".qkv" in n for n in linears) and any(".feed_forward." in n for n in linears)
+    for name, layer in linears.items():
+        if name == "rerank_output":
+            assert not layer.weight.any() and not layer.bias.any()
+            continue
+        assert layer.weight.std().item() == pytest.approx(0.02, rel=0.15), name
+        assert layer.bias is None or not layer.bias.any(), name
+    default = build(None)
+    qkv = next(m for n, m in default.named_modules() if n.endswith("qkv"))
+    assert qkv.weight.std().item() == pytest.approx((3 * 64) ** -0.5, rel=0.1)  # U(±64^-1/2)
+    assert qkv.bias.any()
+    table = model.embedding.item_embedding if encoder == "atrank" else model.item_embedding
+    assert table.weight[2:].std().item() == pytest.approx(
+        (default.embedding.item_embedding if encoder == "atrank" else default.item_embedding)
+        .weight[2:]
+        .std()
+        .item()
+    )
+    rebuilt = type(model)(**model.config)
+    rebuilt.load_state_dict(model.state_dict())
+    assert rebuilt.config == model.config
 
 
 @pytest.mark.parametrize("width", [1, 4])
