@@ -48,6 +48,22 @@ BCE_ONE_NEGATIVE = [
     "training.shared_negatives=false",
 ]
 
+# SASRec as the S3-Rec family's code builds and trains it (aHuiWang/CIKM2020-S3Rec, run without
+# pre-training; the source of the published BCE figures): ATRank's encoder over item ids alone
+# with BERT's post-norm block (GELU feed-forward 4x wide, two heads, attention output
+# projection), a LayerNorm over each token, learned positions; BCE with one negative per
+# position, 256 users per batch, no weight decay. `sasrec_bce` is Kang & McAuley's block.
+S3REC_SASREC = (
+    "model=atrank",
+    "model.attribute_dim=0",
+    "model.positional=learned",
+    "model.norm_first=false",
+    "model.token_norm=true",
+    *BCE_ONE_NEGATIVE,
+    "data.loader.batch_size=256",
+    "training.optimizer.weight_decay=0",
+)
+
 # BSARec's Beauty recipe (yehjin-shin/BSARec; benchmarks/README.md, "Model quality") on ATRank
 # with the attribute bag: the low-pass branch over the whole window (non-causal), one training
 # row per prefix (only the last position trained), post-norm blocks with one head and learned
@@ -89,6 +105,12 @@ MODELS = {
         Model("popularity", "popularity", ()),
         Model("transition", "first-order transition (PROTOCOLS.md)", ()),
         Model("sasrec_bce", "SASRec (BCE, 1 negative)", ("model=sasrec", *BCE_ONE_NEGATIVE)),
+        Model(
+            "sasrec_bce_s3rec",
+            "SASRec as S3-Rec's code builds it (BCE, 1 negative)",
+            S3REC_SASREC,
+            compare_as="sasrec_bce",
+        ),
         Model("sasrec_ce", "SASRec+ (full-softmax CE)", ("model=sasrec",)),
         Model(
             "atrank_faithful",

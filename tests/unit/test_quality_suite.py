@@ -76,6 +76,15 @@ def test_a_variant_compares_with_the_published_number_of_its_model():
     ]
     *_, plain, averaged = rows(quality_suite.table(results))
     assert averaged[6] == plain[6] == "0.0611 (BSARec repo, P1, one run)"
+    kang, s3rec = rows(
+        quality_suite.table(
+            [
+                fake_result("sasrec_bce", 0, 0.06, 0.03, reached=None),
+                fake_result("sasrec_bce_s3rec", 0, 0.06, 0.03, reached=None),
+            ]
+        )
+    )[-2:]
+    assert s3rec[6] == kang[6] == "0.0318 (S3-Rec paper, P1)"
 
 
 def test_table_names_the_loss_the_run_trained_with():
