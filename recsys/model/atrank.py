@@ -65,6 +65,7 @@ from recsys.model.layers import (
     _check_init_std,
     _check_int,
     _check_optional_positive,
+    _check_position_std,
     attention_mask,
     init_linear_layers,
     never_recommended,
@@ -137,6 +138,10 @@ class ATRank(nn.Module):
     - ``init_std``: None (the default) keeps PyTorch's initialisation of the linear layers;
       a std (0.02: BERT's, as the S3-Rec family's code uses) draws every linear weight from
       N(0, std) with zero biases (:func:`recsys.model.layers.init_linear_layers`).
+    - ``position_std``: with ``positional="learned"``, the std the position table is stored
+      at (used divided by it, like the item tables); None (the default) stores it at unit
+      scale, where it learns far more slowly (see
+      :class:`recsys.model.layers.LearnedPositionalEncoding`).
 
     ``self.config`` holds the resolved arguments as plain Python values: ``ATRank(**config)``
     rebuilds the same architecture, and it can be saved next to a ``weights_only`` checkpoint.
@@ -197,6 +202,7 @@ class ATRank(nn.Module):
         attribute_attention: bool = False,
         score_temperature: float | None = None,
         init_std: float | None = None,
+        position_std: float | None = None,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -276,6 +282,7 @@ class ATRank(nn.Module):
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
         embedding_std = _check_embedding_std(embedding_std)
         init_std = _check_init_std(init_std)
+        position_std = _check_position_std(position_std)
         if not key_projection and item_dim + attribute_dim != d_model:
             raise ValueError(
                 f"key_projection=False uses the item features as keys, so item_dim + "
@@ -314,6 +321,7 @@ class ATRank(nn.Module):
             "filter_frequencies": filter_frequencies,
             "embedding_std": embedding_std,
             "init_std": init_std,
+            "position_std": position_std,
             "causal_attention": causal_attention,
             "token_norm": token_norm,
             "attribute_attention": attribute_attention,
@@ -343,6 +351,7 @@ class ATRank(nn.Module):
             behavior_projection=behavior_projection,
             embedding_std=embedding_std,
             token_norm=token_norm,
+            position_std=position_std,
         )
         self.blocks = nn.ModuleList(
             TransformerBlock(

@@ -97,6 +97,7 @@ class BehaviorAwareEmbedding(nn.Module):
         behavior_projection: bool = True,
         embedding_std: float | None = None,
         token_norm: bool = False,
+        position_std: float | None = None,
     ) -> None:
         super().__init__()
         reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
@@ -174,7 +175,10 @@ class BehaviorAwareEmbedding(nn.Module):
             )
         elif positional == "learned":
             self.positional = LearnedPositionalEncoding(
-                max_seq_len=max_seq_len, d_model=self.d_model, origin=position_origin
+                max_seq_len=max_seq_len,
+                d_model=self.d_model,
+                origin=position_origin,
+                std=position_std,
             )
         else:
             self.positional = None

@@ -74,6 +74,17 @@ def init_linear_layers(module: nn.Module, std: float | None) -> None:
                 nn.init.zeros_(layer.bias)
 
 
+def _check_position_std(value: object) -> float | None:
+    """``position_std``: None, or the positive std the learned position table is stored at."""
+    return _check_optional_positive(
+        "position_std",
+        value,
+        maximum=1.0,
+        hint="pass the std the learned position table is stored at, in (0, 1] (0.02: the "
+        "S3-Rec family's), or null to store it at unit scale",
+    )
+
+
 def _check_choice(name: str, value: object, allowed: Collection[object]) -> object:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported: choose one of {list(allowed)}")
@@ -509,17 +520,31 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class LearnedPositionalEncoding(nn.Module):
-    """One trained vector per position 0 .. max_seq_len-1 (counted as in the sinusoidal one)."""
+    """One trained vector per position 0 .. max_seq_len-1 (counted as in the sinusoidal one).
 
-    def __init__(self, *, max_seq_len: int, d_model: int, origin: str = "last") -> None:
+    The vectors start at unit scale either way. ``std=None`` stores them so (N(0, 1), the
+    default), where Adam's steps of ~lr barely move them; a std stores them at that std and
+    uses them divided by it, so they learn ~1/std times faster, as the item tables do at
+    ``embedding_std`` (the S3-Rec family's code keeps its position table at 0.02 like its
+    item table)."""
+
+    def __init__(
+        self, *, max_seq_len: int, d_model: int, origin: str = "last", std: float | None = None
+    ) -> None:
         super().__init__()
         self.max_seq_len = _check_int("max_seq_len", max_seq_len)
         self.origin = _check_choice("position_origin", origin, POSITION_ORIGINS)
         self.embedding = nn.Embedding(max_seq_len, _check_int("d_model", d_model))
+        std = _check_position_std(std)
+        self.scale = 1.0
+        if std is not None:
+            nn.init.normal_(self.embedding.weight, std=std)
+            self.scale = 1.0 / std
 
     def forward(self, padding_mask: torch.Tensor) -> torch.Tensor:
         """Shapes: padding_mask (B, T) bool -> (T, D) or (B, T, D); see :func:`position_index`."""
-        return self.embedding.weight[position_index(padding_mask, self.max_seq_len, self.origin)]
+        index = position_index(padding_mask, self.max_seq_len, self.origin)
+        return self.embedding.weight[index] * self.scale
 
 
 def position_index(padding_mask: torch.Tensor, max_seq_len: int, origin: str) -> torch.Tensor:

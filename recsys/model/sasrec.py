@@ -38,6 +38,7 @@ from recsys.model.layers import (
     _check_heads,
     _check_init_std,
     _check_int,
+    _check_position_std,
     attention_mask,
     init_linear_layers,
     never_recommended,
@@ -57,7 +58,8 @@ class SASRec(nn.Module):
     ``embedding_std`` is the std the item table is stored at (None: D^-1/2); it is used divided
     by it, so only how fast Adam moves it changes (see :class:`ATRank`). ``init_std`` draws the
     linear weights from N(0, std) with zero biases (None: PyTorch's defaults; see
-    :class:`ATRank`).
+    :class:`ATRank`). ``position_std`` stores the position table at that std (see
+    :class:`recsys.model.layers.LearnedPositionalEncoding`).
     """
 
     causal = True
@@ -76,6 +78,7 @@ class SASRec(nn.Module):
         filter_frequencies: int = 5,
         embedding_std: float | None = None,
         init_std: float | None = None,
+        position_std: float | None = None,
         num_attributes: int | None = None,
         num_behaviors: int | None = None,
         num_time_buckets: int | None = None,
@@ -94,6 +97,7 @@ class SASRec(nn.Module):
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
         embedding_std = _check_embedding_std(embedding_std)
         init_std = _check_init_std(init_std)
+        position_std = _check_position_std(position_std)
         self.config: dict[str, int | float | None] = {
             "num_items": num_items,
             "max_seq_len": max_seq_len,
@@ -106,6 +110,7 @@ class SASRec(nn.Module):
             "filter_frequencies": filter_frequencies,
             "embedding_std": embedding_std,
             "init_std": init_std,
+            "position_std": position_std,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -118,7 +123,7 @@ class SASRec(nn.Module):
         self.item_scale = _init_table(self.item_embedding, embedding_std)
         self.key_scale = self.item_scale * d_model**-0.5
         self.position = LearnedPositionalEncoding(
-            max_seq_len=max_seq_len, d_model=d_model, origin=position_origin
+            max_seq_len=max_seq_len, d_model=d_model, origin=position_origin, std=position_std
         )
         self.dropout = Dropout(dropout)
         self.blocks = nn.ModuleList(

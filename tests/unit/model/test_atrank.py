@@ -434,6 +434,7 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ({"filter_frequencies": 0}, r"filter_frequencies=0 is invalid"),
         ({"embedding_std": 0.0}, r"embedding_std=0.0 is invalid: pass the std"),
         ({"init_std": 0.0}, r"init_std=0.0 is invalid: pass the std linear weights"),
+        ({"position_std": -1.0}, r"position_std=-1.0 is invalid: pass the std the learned"),
         ({"init_std": 2.0}, r"init_std=2.0 is invalid: pass the std .* in \(0, 1\]"),
         (
             {"causal": True, "causal_attention": False},
@@ -631,6 +632,35 @@ def test_init_std_draws_every_linear_weight_and_zeroes_biases(encoder: str) -> N
     rebuilt = type(model)(**model.config)
     rebuilt.load_state_dict(model.state_dict())
     assert rebuilt.config == model.config
+
+
+@pytest.mark.parametrize("encoder", ["atrank", "sasrec"])
+def test_position_std_stores_the_position_table_small_and_uses_it_at_unit_scale(encoder) -> None:
+    """position_std changes how the learned position table is stored (so how fast Adam moves
+    it), not the scale of the vectors the tokens get; the config rebuilds it."""
+
+    def build(position_std):
+        torch.manual_seed(0)
+        if encoder == "atrank":
+            model = ATRank(**SIZES, positional="learned", position_std=position_std)
+            return model, model.embedding.positional
+        model = SASRec(num_items=50, max_seq_len=8, d_model=64, position_std=position_std)
+        return model, model.position
+
+    model, position = build(0.02)
+    assert model.config["position_std"] == 0.02
+    assert position.embedding.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    padding_mask = torch.ones(1, 6, dtype=torch.bool)
+    used = position(padding_mask)
+    assert used.std().item() == pytest.approx(1.0, rel=0.1)
+    torch.testing.assert_close(used, position.embedding.weight[2:] / 0.02)
+    _, default = build(None)
+    assert default.embedding.weight.std().item() == pytest.approx(1.0, rel=0.1)
+    torch.testing.assert_close(default(padding_mask), default.embedding.weight[2:])
+    rebuilt = type(model)(**model.config)
+    rebuilt.load_state_dict(model.state_dict())
+    rebuilt_position = rebuilt.embedding.positional if encoder == "atrank" else rebuilt.position
+    torch.testing.assert_close(rebuilt_position(padding_mask), used)
 
 
 @pytest.mark.parametrize("width", [1, 4])
