@@ -21,6 +21,9 @@ Training objective (``objective``):
   ``contrastive_positive="same_target"`` the second state is instead that of another training
   row with the same target item, which the data module adds to every batch (DuoRec's
   supervised positive; ``data.loader.train_samples=prefixes``), and the encoder runs once.
+  With ``exclude_seen_from_loss`` (full softmax only) the items of the input at or before each
+  trained position are left out of its softmax (:func:`earlier_items`): they are never pushed
+  down as negatives, as evaluation with ``seen_items`` exclude or zero never ranks them.
 - ``target_attention`` (ATRank's reference code): the last position's next item and
   ``num_negatives`` sampled items are scored by the target-attention head (candidate as the
   query over the history); a sampled loss, typically ``bce`` with one negative.
@@ -61,8 +64,14 @@ from torch import nn
 from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
 from recsys.model.layers import _check_dropout
-from recsys.retrieval.ranker import SEEN_POLICIES, apply_seen_policy, seen_mask, two_stage
-from recsys.schema import NUM_RESERVED, UNK_IDX
+from recsys.retrieval.ranker import (
+    SEEN_POLICIES,
+    apply_seen_policy,
+    exclude_items,
+    seen_mask,
+    two_stage,
+)
+from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
 from recsys.training import losses
 from recsys.training.metrics import (
     UNKNOWN_TARGET_POLICIES,
@@ -109,6 +118,7 @@ class SeqRecModule(pl.LightningModule):
         shared_negatives: bool = True,
         gbce_t: float = 0.75,
         label_smoothing: float = 0.0,
+        exclude_seen_from_loss: bool = False,
         objective: str = "retrieval",
         behavior_weights: Mapping[str, float] | None = None,
         behaviors: Sequence[str] = (),
@@ -184,6 +194,16 @@ class SeqRecModule(pl.LightningModule):
                 f"needs training.loss=full_softmax and objective=retrieval (got {loss!r}, "
                 f"{objective!r}), or set it to 0"
             )
+        if not isinstance(exclude_seen_from_loss, bool):
+            raise ValueError(
+                f"training.exclude_seen_from_loss={exclude_seen_from_loss!r} must be true or false"
+            )
+        if exclude_seen_from_loss and (loss != "full_softmax" or objective != "retrieval"):
+            raise ValueError(
+                "training.exclude_seen_from_loss=true leaves each trained position's earlier "
+                "input items out of the full softmax: it needs training.loss=full_softmax and "
+                f"objective=retrieval (got {loss!r}, {objective!r}), or set it to false"
+            )
         if not metric_ks or min(metric_ks) < 1:
             raise ValueError(f"metric_ks={list(metric_ks)} must be positive cutoffs")
         if rerank_top_n and max(metric_ks) > rerank_top_n:
@@ -209,6 +229,7 @@ class SeqRecModule(pl.LightningModule):
         self.shared_negatives = bool(shared_negatives)
         self.objective = objective
         self.label_smoothing = label_smoothing
+        self.exclude_seen_from_loss = exclude_seen_from_loss
         self.gbce_beta = (
             losses.gbce_beta(num_negatives=num_negatives, num_items=real_items, t=gbce_t)
             if loss == "gbce"
@@ -242,6 +263,7 @@ class SeqRecModule(pl.LightningModule):
                 "shared_negatives": shared_negatives,
                 "gbce_t": gbce_t,
                 "label_smoothing": label_smoothing,
+                "exclude_seen_from_loss": exclude_seen_from_loss,
                 "objective": objective,
                 "behavior_weights": dict(behavior_weights or {}),
                 "metric_ks": list(self.metric_ks),
@@ -312,9 +334,10 @@ class SeqRecModule(pl.LightningModule):
         hidden = output.hidden[has_target]  # (M, D)
         target = batch.target_item[has_target]  # (M,)
         if self.loss_name == "full_softmax":
-            return losses.full_softmax(
-                self.encoder.score_items(hidden), target, weight, self.label_smoothing
-            )
+            logits = self.encoder.score_items(hidden)  # (M, I)
+            if self.exclude_seen_from_loss:
+                logits = exclude_items(logits, earlier_items(batch, has_target))
+            return losses.full_softmax(logits, target, weight, self.label_smoothing)
         negative_items = self._draw_negatives(len(target))
         positive = self.encoder.score_candidates(hidden, target[:, None])[:, 0]
         negatives = self.encoder.score_candidates(hidden, negative_items)
@@ -578,6 +601,23 @@ class SeqRecModule(pl.LightningModule):
             "encoder_config": dict(self.encoder.config),
             **self.checkpoint_extra,
         }
+
+
+def earlier_items(batch: SeqBatch, trained: torch.Tensor) -> torch.Tensor:
+    """(M, T) for the M trained positions (``trained``, (B, T) bool): the input items of the
+    row at or before each position, PAD after it and where an item is the position's own
+    target (a repeat stays learnable). What ``training.exclude_seen_from_loss`` leaves out of
+    the softmax, as evaluation's seen-item policy leaves the history out of the ranking.
+
+    Example (one row, items [0, a, b, c], targets [0, b, c, d], the last two trained):
+    position 2 -> [0, a, b, 0] (its target c is later), position 3 -> [0, a, b, c].
+    """
+    rows, length = batch.item.shape
+    position = torch.arange(length, device=batch.item.device)
+    later = position[None, :] > position[:, None]  # (T, T): [t, s] = s after t
+    items = batch.item[:, None, :].expand(rows, length, length).masked_fill(later, PAD_IDX)
+    items = items[trained]  # (M, T)
+    return items.masked_fill(items == batch.target_item[trained][:, None], PAD_IDX)
 
 
 def _check_weight(option: str, value: object) -> float:

@@ -19,7 +19,7 @@ from recsys.retrieval.ranker import apply_seen_policy, seen_mask
 from recsys.training import losses
 from recsys.training.evaluation import evaluate
 from recsys.training.metrics import CoverageAccumulator, known_target_shares, sampled_ranks
-from recsys.training.module import SeqRecModule
+from recsys.training.module import SeqRecModule, earlier_items
 
 NUM_ITEMS = 30
 BEHAVIORS = ["view", "cart", "purchase"]  # indices 2, 3, 4
@@ -137,6 +137,46 @@ def test_label_smoothing_reaches_the_full_softmax():
     )
     torch.testing.assert_close(train_loss(m, b), expected)
     assert not torch.allclose(expected, train_loss(module(), b))
+
+
+def test_earlier_items_by_hand():
+    # one row, items [0, a, b, c] with a, b, c = 5, 6, 7; targets [0, b, c, b]: the last
+    # position's target b is a repeat, so b stays in its softmax
+    item = torch.tensor([[0, 5, 6, 7]])
+    target = torch.tensor([[0, 6, 7, 6]])
+    b = SeqBatch(
+        item=item,
+        behavior=item.clamp(max=1) * 2,
+        time_bucket=item.clamp(max=1),
+        padding_mask=item > 0,
+        query_time_bucket=item.clamp(max=1),
+        target_item=target,
+        target_behavior=item.clamp(max=1) * 2,
+        user_index=torch.tensor([0]),
+    )
+    trained = torch.tensor([[False, True, True, True]])
+    assert earlier_items(b, trained).tolist() == [[0, 5, 0, 0], [0, 5, 6, 0], [0, 5, 0, 7]]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_exclude_seen_from_loss_leaves_earlier_input_items_out_of_the_softmax(causal):
+    m, b = module(encoder(causal=causal), exclude_seen_from_loss=True), batch()
+    output = m(b)
+    trained = b.target_item > 1
+    if not causal:  # the last position only
+        trained[:, :-1] = False
+    rows, positions = trained.nonzero(as_tuple=True)
+    expected = []
+    for row, position, hidden in zip(rows, positions, output.hidden[trained], strict=True):
+        logits = m.encoder.score_items(hidden).clone()
+        target = b.target_item[row, position]
+        for earlier in b.item[row, : position + 1]:  # brute force: one item at a time
+            if earlier > 1 and earlier != target:
+                logits[earlier] = -math.inf
+        expected.append(torch.nn.functional.cross_entropy(logits[None], target[None]))
+    torch.testing.assert_close(train_loss(m, b), torch.stack(expected).mean())
+    plain = module(encoder(causal=causal))
+    assert not torch.allclose(train_loss(m, b), train_loss(plain, b))
 
 
 def test_behavior_weights_select_and_weigh_targets():
@@ -286,6 +326,11 @@ def test_non_causal_encoder_trains_its_last_position_only():
         ({"contrastive_positive": "augment"}, "contrastive_positive='augment'"),
         ({"label_smoothing": 1.0}, "label_smoothing=1.0"),
         ({"label_smoothing": 0.1, "loss": "bce", "num_negatives": 1}, "needs training.loss"),
+        ({"exclude_seen_from_loss": 1}, "exclude_seen_from_loss=1 must be true or false"),
+        (
+            {"exclude_seen_from_loss": True, "loss": "bce", "num_negatives": 1},
+            "exclude_seen_from_loss=true leaves",
+        ),
         (
             {"contrastive_weight": 0.1, "objective": "target_attention", "loss": "bce"},
             "contrastive_weight > 0 contrasts the positions the retrieval objective trains",
