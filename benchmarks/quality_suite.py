@@ -11,7 +11,8 @@
 
 Each run composes ``conf/config.yaml`` with ``experiment=<dataset>`` (data, protocol) and the
 entry's overrides (model, loss), trains with early stopping on validation NDCG@10 (Taobao:
-MRR, see its experiment config), and
+MRR, see its experiment config; `sasrec_bce_s3rec` on the S3-Rec files: NDCG@20, as S3-Rec's
+trainer), and
 evaluates the selected checkpoint on test once. The table shows, per (dataset, model), the mean
 and spread over seeds of test HR@10 / NDCG@10, the published number to compare with (from
 ../shared/PROTOCOLS.md, same protocol unless the note says otherwise), the training time on
@@ -52,7 +53,9 @@ BCE_ONE_NEGATIVE = [
 # pre-training; the source of the published BCE figures): ATRank's encoder over item ids alone
 # with BERT's post-norm block (GELU feed-forward 4x wide, two heads, attention output
 # projection), a LayerNorm over each token, learned positions; BCE with one negative per
-# position, 256 users per batch, no weight decay. `sasrec_bce` is Kang & McAuley's block.
+# position, 256 users per batch, no weight decay. On the S3-Rec files (P1) it also selects and
+# stops (patience 10) on validation NDCG@20, as that trainer does. `sasrec_bce` is Kang &
+# McAuley's block.
 S3REC_SASREC = (
     "model=atrank",
     "model.attribute_dim=0",
@@ -96,6 +99,11 @@ class Model:
     label: str
     overrides: tuple[str, ...]
     compare_as: str | None = None  # a variant of this model: compare with its published number
+    p1_overrides: tuple[str, ...] = ()  # added on the S3-Rec files only (datasets run under P1)
+
+    def overrides_on(self, dataset: str) -> tuple[str, ...]:
+        """The entry's overrides on ``dataset`` (after ``experiment=<dataset>``)."""
+        return self.overrides + (self.p1_overrides if DATASETS[dataset].protocol == P1 else ())
 
 
 MODELS = {
@@ -110,6 +118,7 @@ MODELS = {
             "SASRec as S3-Rec's code builds it (BCE, 1 negative)",
             S3REC_SASREC,
             compare_as="sasrec_bce",
+            p1_overrides=("callbacks.model_checkpoint.monitor=val/ndcg_at_20",),
         ),
         Model("sasrec_ce", "SASRec+ (full-softmax CE)", ("model=sasrec",)),
         Model(
@@ -225,7 +234,7 @@ def compose(dataset: str, model: Model, seed: int, run_dir: Path, extra: list[st
 
     overrides = [
         f"experiment={dataset}",
-        *model.overrides,
+        *model.overrides_on(dataset),
         f"seed={seed}",
         f"paths.run_dir={run_dir}",
         f"paths.output_dir={run_dir.parent}",
@@ -476,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for d in datasets:
             for m in models:
-                print(f"{d:8} {m.name:17} experiment={d} {shlex.join(m.overrides)}")
+                print(f"{d:8} {m.name:17} experiment={d} {shlex.join(m.overrides_on(d))}")
         return 0
     shared = Path(os.environ.get("RECSYS_SHARED_DATA", ROOT.parent / "shared" / "data"))
     if not shared.is_dir():

@@ -180,13 +180,20 @@ def test_list_names_each_run_and_its_overrides(capsys):
 @pytest.mark.parametrize("dataset", list(quality_suite.DATASETS))
 def test_every_entry_composes_and_selects_on_its_metric(dataset, tmp_path):
     """Each (dataset, model) config resolves; Taobao selects on val/mrr (its ~50 validation
-    targets leave NDCG@10 at 0.0 for the first epochs), the rest on val/ndcg_at_10."""
+    targets leave NDCG@10 at 0.0 for the first epochs), SASRec as S3-Rec builds it on the
+    S3-Rec files on val/ndcg_at_20 (S3-Rec's trainer), the rest on val/ndcg_at_10."""
     from omegaconf import OmegaConf
 
-    monitor = "val/mrr" if dataset == "taobao" else "val/ndcg_at_10"
+    s3rec_files = dataset in ("beauty", "sports", "toys")
     for name, model in quality_suite.MODELS.items():
         if name in quality_suite.BASELINES:
             continue
+        if dataset == "taobao":
+            monitor = "val/mrr"
+        elif name == "sasrec_bce_s3rec" and s3rec_files:
+            monitor = "val/ndcg_at_20"
+        else:
+            monitor = "val/ndcg_at_10"
         cfg, _ = quality_suite.compose(dataset, model, 0, tmp_path / "run", [])
         OmegaConf.resolve(cfg)
         assert cfg.callbacks.model_checkpoint.monitor == monitor, name
