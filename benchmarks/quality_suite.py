@@ -102,8 +102,10 @@ class Model:
     p1_overrides: tuple[str, ...] = ()  # added on the S3-Rec files only (datasets run under P1)
 
     def overrides_on(self, dataset: str) -> tuple[str, ...]:
-        """The entry's overrides on ``dataset`` (after ``experiment=<dataset>``)."""
-        return self.overrides + (self.p1_overrides if DATASETS[dataset].protocol == P1 else ())
+        """The entry's overrides on ``dataset`` (after ``experiment=<dataset>``); an experiment
+        outside the suite's datasets (a test's ``tiny``, a user's own) gets the plain ones."""
+        spec = DATASETS.get(dataset)
+        return self.overrides + (self.p1_overrides if spec and spec.protocol == P1 else ())
 
 
 MODELS = {
