@@ -22,7 +22,7 @@ from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, use_tracker
-from recsys.training.callbacks import TrainingClock
+from recsys.training.callbacks import CheckMonitors, TrainingClock
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import same_target_partners
 
@@ -192,7 +192,26 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
     return path
 
 
+def check_settings(cfg: DictConfig) -> None:
+    """Settings that Lightning would take without complaint or refuse without naming them,
+    checked before any work: the seed and each callback's ``patience``. (What a monitor names
+    is checked by :class:`CheckMonitors` once validation has logged its metrics.)"""
+    seed = cfg.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed={seed!r} must be a whole number in [0, 2**32 - 1], e.g. seed=0")
+    for key, callback in (cfg.callbacks or {}).items():
+        patience = callback.get("patience") if isinstance(callback, DictConfig) else None
+        if patience is not None and (
+            isinstance(patience, bool) or not isinstance(patience, int) or patience < 0
+        ):
+            raise ValueError(
+                f"callbacks.{key}.patience={patience!r} must be a whole number >= 0: the "
+                "validations without improvement before training stops"
+            )
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
+    check_settings(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     prepared_dir = Path(cfg.data.prepared_dir) if cfg.data.prepared_dir else prepare.run(cfg)
     datamodule = build_datamodule(cfg, prepared_dir)
@@ -225,8 +244,15 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
 
         # a callback set to null is off (callbacks.weight_averaging by default)
         callbacks = {k: instantiate(c) for k, c in (cfg.callbacks or {}).items() if c is not None}
+        monitors = {
+            f"callbacks.{key}.monitor": callback.monitor
+            for key, callback in callbacks.items()
+            if getattr(callback, "monitor", None)
+        }
         trainer = instantiate(
-            cfg.trainer, logger=tracker.lightning_logger() or False, callbacks=[*callbacks.values()]
+            cfg.trainer,
+            logger=tracker.lightning_logger() or False,
+            callbacks=[*callbacks.values(), CheckMonitors(monitors)],
         )
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
 

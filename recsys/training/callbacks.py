@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 
 import pytorch_lightning as pl
 import torch
@@ -86,6 +87,36 @@ class TrainingClock(pl.Callback):
             }
         )
         self.history.append({**entry, **self._curve})
+
+
+class CheckMonitors(pl.Callback):
+    """Refuses a ``monitor`` that validation does not log before the first training step,
+    where Lightning would only notice after the first epoch (and after writing its outputs).
+
+    ``monitors`` maps each config key to its metric, e.g. ``{"callbacks.model_checkpoint.monitor":
+    "val/ndcg_at_10"}``. The names checked against are those the sanity check's validation
+    batches logged (Lightning's ``trainer.num_sanity_val_steps``, 2 by default; with 0 nothing is
+    checked here), so they are what the module really logs. ``train/`` and ``time/`` metrics
+    are logged during training only and are left to Lightning.
+    """
+
+    TRAINING_PREFIXES = ("train/", "time/")
+
+    def __init__(self, monitors: Mapping[str, str]) -> None:
+        self.monitors = dict(monitors)
+
+    def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        logged = set(trainer.callback_metrics)
+        for key, name in self.monitors.items():
+            if name in logged or name.startswith(self.TRAINING_PREFIXES):
+                continue
+            hint = ""
+            if "@" in name:
+                hint = f" (MLflow forbids '@' in metric names: write {name.replace('@', '_at_')!r})"
+            raise ValueError(
+                f"{key}={name!r} is not a metric this run logs at validation{hint}; set it to "
+                f"one of: {', '.join(sorted(logged))}"
+            )
 
 
 def bias_corrected_ema(decay: float):

@@ -138,6 +138,7 @@ class SeqRecModule(pl.LightningModule):
         checkpoint_extra: dict | None = None,
     ):
         super().__init__()
+        _check_optimizer(optimizer)
         _choice("training.loss", loss, losses.LOSSES)
         _choice("training.objective", objective, OBJECTIVES)
         _choice("training.seen_items", seen_items, SEEN_POLICIES)
@@ -625,6 +626,19 @@ def _check_weight(option: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ValueError(f"training.{option}={value!r} must be a number >= 0 (0: off)")
     return float(value)
+
+
+def _check_optimizer(optimizer: object) -> None:
+    """The learning rate and weight decay of a partial optimizer (Hydra's ``_partial_``), named
+    by their config keys: torch refuses a negative learning rate only when training starts,
+    without naming the setting, and takes a NaN."""
+    keywords = getattr(optimizer, "keywords", None) or {}
+    lr = keywords.get("lr")
+    number = isinstance(lr, (int, float)) and not isinstance(lr, bool)
+    if lr is not None and not isinstance(lr, torch.Tensor) and not (number and 0 < lr < math.inf):
+        raise ValueError(f"training.optimizer.lr={lr!r} must be a number > 0 (e.g. 0.001)")
+    if "weight_decay" in keywords:
+        _check_weight("optimizer.weight_decay", keywords["weight_decay"])
 
 
 def _choice(option: str, value: object, allowed: Sequence[object]) -> None:

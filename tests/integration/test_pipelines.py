@@ -366,6 +366,35 @@ def test_best_validation_score_is_named_after_its_monitor(make_config):
 
 
 @pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("seed=abc", r"seed='abc' must be a whole number in \[0, 2\*\*32 - 1\]"),
+        ("callbacks.early_stopping.patience=-1", r"early_stopping.patience=-1 must be a whole"),
+        ("training.optimizer.lr=-1", r"training.optimizer.lr=-1 must be a number > 0"),
+        ("training.optimizer.weight_decay=nan", r"training.optimizer.weight_decay=nan must be"),
+        (
+            "callbacks.model_checkpoint.monitor=val/ndcg@10",
+            r"callbacks.model_checkpoint.monitor='val/ndcg@10' is not a metric this run logs at "
+            r"validation \(MLflow forbids '@' in metric names: write 'val/ndcg_at_10'\); set it "
+            r"to one of: val/coverage_at_10, .*val/ndcg_at_10",
+        ),
+        (
+            "callbacks.early_stopping.monitor=val/ndcg_at_30",
+            r"callbacks.early_stopping.monitor='val/ndcg_at_30' is not a metric this run logs",
+        ),
+    ],
+)
+def test_absurd_training_settings_stop_the_run_before_it_trains(make_config, override, message):
+    """Each names its setting and the fix, and is caught before the first training step (a
+    monitor only once the sanity check's validation batches have logged their metrics), so no
+    epoch is spent and no checkpoint written."""
+    cfg = make_config("config", [*TINY, "logger=none", override])
+    with pytest.raises(ValueError, match=message):
+        train.run(cfg)
+    assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))
+
+
+@pytest.mark.parametrize(
     "target",
     [
         "pytorch_lightning.callbacks.EMAWeightAveraging",
