@@ -80,6 +80,13 @@ class Rules:
             **lists,
         )
 
+    def check_list_files(self) -> None:
+        """A list given as a file name must name a file (read when the job scores)."""
+        for name in ("allow_list", "deny_list"):
+            source = getattr(self, name)
+            if isinstance(source, str):
+                _list_path(source, name)
+
     def excluded_behaviors(self, behaviors: Sequence[str]) -> list[int] | None:
         """Behaviour indices whose events exclude their item (None: nothing is excluded)."""
         if self.exclude == "none":
@@ -101,13 +108,18 @@ class Rules:
         return blocked
 
 
+def _list_path(source: str, name: str) -> Path:
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise DataError(f"retrieval.rules.{name}={source!r}: no such file")
+    return path
+
+
 def read_item_list(source: str | Sequence, name: str) -> pl.Series:
     """Item ids from an inline list or a file (see the module docstring)."""
     if not isinstance(source, str):
         return pl.Series(ITEM, list(source))
-    path = Path(source).expanduser()
-    if not path.is_file():
-        raise DataError(f"retrieval.rules.{name}={source!r}: no such file")
+    path = _list_path(source, name)
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
         frame = pl.read_parquet(path)

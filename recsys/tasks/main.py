@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from recsys.config import event_schema
 from recsys.tasks import evaluate, score, train
 from recsys.tracking import use_tracker
 
@@ -23,6 +24,8 @@ class MainResult:
 
 
 def run(cfg: DictConfig) -> MainResult:
+    # the scoring settings need no model: a mistake there should not cost a training
+    score.check_options(cfg.retrieval, behaviors=event_schema(cfg.data).behaviors)
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
     with use_tracker(None, cfg.logger, **run_settings) as tracker:

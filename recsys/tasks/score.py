@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -43,16 +43,27 @@ PLOTS_FOLDER = "_plots"
 NOT_SCORING_OPTIONS = ("rules", "output", "as_of", "accelerator")
 
 
-def settings(retrieval: Mapping[str, Any] | None, model: LoadedModel):
-    """``conf/retrieval`` -> (:class:`ScoringOptions`, :class:`Rules`), checked against the
-    model (a target behaviour it never learned to predict is refused)."""
+def check_options(
+    retrieval: Mapping[str, Any] | None, behaviors: Sequence[str]
+) -> tuple[ScoringOptions, Rules]:
+    """``conf/retrieval`` -> (:class:`ScoringOptions`, :class:`Rules`): unknown keys, values
+    out of range, rules naming behaviours outside ``behaviors`` and list files that do not
+    exist are refused. Needs no model, so the main job checks before it trains."""
     retrieval = dict(to_container(retrieval) or {})
     known = set(ScoringOptions.__dataclass_fields__) | set(NOT_SCORING_OPTIONS)
     unknown = sorted(set(retrieval) - known)
     if unknown:
         raise ValueError(f"retrieval has unknown keys {unknown}; allowed: {sorted(known)}")
     options = ScoringOptions(**{k: v for k, v in retrieval.items() if k not in NOT_SCORING_OPTIONS})
-    rules = Rules.from_options(retrieval.get("rules"), behaviors=model.vocab.behaviors)
+    rules = Rules.from_options(retrieval.get("rules"), behaviors=behaviors)
+    rules.check_list_files()
+    return options, rules
+
+
+def settings(retrieval: Mapping[str, Any] | None, model: LoadedModel):
+    """:func:`check_options`, then against the model: a target behaviour it never learned to
+    predict is refused."""
+    options, rules = check_options(retrieval, model.vocab.behaviors)
     target, trained = rules.target_behavior, model.target_behaviors
     if target is not None and trained is not None and target not in trained:
         raise ValueError(

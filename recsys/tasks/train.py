@@ -194,11 +194,17 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
 
 def check_settings(cfg: DictConfig) -> None:
     """Settings that Lightning would take without complaint or refuse without naming them,
-    checked before any work: the seed and each callback's ``patience``. (What a monitor names
-    is checked by :class:`CheckMonitors` once validation has logged its metrics.)"""
+    checked before any work: the seed, ``trainer.max_epochs`` and each callback's
+    ``patience``. (What a monitor names is checked by :class:`CheckMonitors` once validation
+    has logged its metrics.)"""
     seed = cfg.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed={seed!r} must be a whole number in [0, 2**32 - 1], e.g. seed=0")
+    if (cfg.trainer or {}).get("max_epochs") == 0:
+        raise ValueError(
+            "trainer.max_epochs=0 trains nothing, so there is no checkpoint to select: set it "
+            ">= 1 (early stopping usually ends training sooner) or -1 (no limit)"
+        )
     for key, callback in (cfg.callbacks or {}).items():
         patience = callback.get("patience") if isinstance(callback, DictConfig) else None
         if patience is not None and (

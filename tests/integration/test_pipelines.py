@@ -370,6 +370,7 @@ def test_best_validation_score_is_named_after_its_monitor(make_config):
     [
         ("seed=abc", r"seed='abc' must be a whole number in \[0, 2\*\*32 - 1\]"),
         ("callbacks.early_stopping.patience=-1", r"early_stopping.patience=-1 must be a whole"),
+        ("trainer.max_epochs=0", r"trainer.max_epochs=0 trains nothing"),
         ("training.optimizer.lr=-1", r"training.optimizer.lr=-1 must be a number > 0"),
         ("training.optimizer.weight_decay=nan", r"training.optimizer.weight_decay=nan must be"),
         (
@@ -392,6 +393,28 @@ def test_absurd_training_settings_stop_the_run_before_it_trains(make_config, ove
     with pytest.raises(ValueError, match=message):
         train.run(cfg)
     assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "message"),
+    [
+        ("retrieval.top_k=0", ValueError, r"retrieval.top_k=0 must be a positive integer"),
+        ("retrieval.rules.allow_list=/no/such/list.csv", DataError, r"allow_list=.*no such file"),
+        ("retrieval.rules.exclude=[bogus]", ValueError, r"rules.exclude=\['bogus'\]: use seen"),
+    ],
+)
+def test_main_job_checks_its_scoring_settings_before_it_trains(
+    make_config, monkeypatch, override, error, message
+):
+    """A scoring mistake is found before the training it would otherwise come after."""
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before the scoring settings were checked")
+
+    monkeypatch.setattr(train, "run", no_training)
+    cfg = make_config("config", [*TINY, "logger=none", override])
+    with pytest.raises(error, match=message):
+        main.run(cfg)
 
 
 @pytest.mark.parametrize(
