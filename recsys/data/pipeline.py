@@ -33,8 +33,8 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -79,6 +79,7 @@ from recsys.data.validate import (
     raw_as_text,
     tidy_keys,
 )
+from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import ITEM_INDEX, Vocab
 from recsys.schema import (
     ATTRIBUTES,
@@ -97,6 +98,8 @@ log = logging.getLogger(__name__)
 SEQUENCES_FILE = "sequences.parquet"
 STATS_FILE = "stats.json"
 QUARANTINE_FILE = "quarantine.parquet"
+# everything a prepared folder holds: the only files a new preparation may replace
+PREPARED_FILES = frozenset({SEQUENCES_FILE, STATS_FILE, QUARANTINE_FILE, *VOCAB_FILES.values()})
 # polars 2 collects with its streaming engine by default; a partition (or a scoring log) is in
 # memory already, and the in-memory engine sorts and groups it 2-4x faster
 LOCAL = "in-memory"
@@ -200,12 +203,34 @@ def _collect(lf: pl.LazyFrame, name: str) -> pl.DataFrame:
 
 
 # -- the prepared folder -----------------------------------------------------------------------
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an ``out_dir`` that a preparation would replace at a loss: a file, or a folder
+    holding anything but a prepared dataset (a raw log, a notebook, another tool's output).
+    An empty folder, or one an earlier preparation wrote, is fine."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"output folder {out_dir} is a file: choose a folder path")
+    if not out_dir.is_dir():
+        return
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in PREPARED_FILES)
+    if foreign:
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        shown = ", ".join(foreign[:5]) + more
+        raise DataError(
+            f"output folder {out_dir} holds {shown}, which is not part of a prepared dataset; "
+            "preparing replaces the whole folder, so recsys replaces only an empty folder or one "
+            "it prepared: choose a new folder (e.g. a subfolder) for the prepared data"
+        )
+
+
 @contextmanager
 def _staging(out_dir: Path) -> Iterator[Path]:
     """A temporary sibling of ``out_dir`` that replaces it on success and vanishes on failure."""
+    check_out_dir(out_dir)
     created = next((p for p in reversed(out_dir.parents) if not p.exists()), None)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    # mkdir, not mkdtemp: the folder gets the permissions of any new folder (mkdtemp's: 0700)
+    tmp = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex}"
+    tmp.mkdir()
     try:
         yield tmp
         if out_dir.exists():
@@ -319,7 +344,8 @@ def prepare_dataset(
     item_columns: Mapping[str, str | None] | None = None,
     source_name: str | None = None,
 ) -> tuple[dict, Vocab]:
-    """Prepare ``source`` into ``out_dir`` (replaced if it exists) and return its statistics
+    """Prepare ``source`` into ``out_dir`` (replacing an earlier prepared dataset there; any
+    other folder content is refused, see :func:`check_out_dir`) and return its statistics
     (what ``stats.json`` holds) and the vocabulary written there, so that a caller need not
     read back what was just written.
 

@@ -5,6 +5,7 @@ sequences built with a saved vocabulary."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -415,13 +416,39 @@ def test_category_text_is_cleaned_once_per_value(tmp_path, partition_rows):
 def test_rerun_replaces_the_folder(tmp_path):
     out = tmp_path / "prep"
     first = prepare(synthetic(seed=4), out)
-    (out / "stale.txt").write_text("left over from an older run")
+    (out / QUARANTINE_FILE).unlink()  # an older layout with fewer files is replaced too
     second = prepare(synthetic(seed=5), out)
     assert sorted(p.name for p in out.iterdir()) == FOLDER_FILES
     assert [p.name for p in tmp_path.iterdir()] == ["prep"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes it, not mkdtemp's 0700
     assert first["fingerprint"] != second["fingerprint"]
     assert load_stats(out)["fingerprint"] == second["fingerprint"]
     assert SequenceStore.from_parquet(out / SEQUENCES_FILE).num_users == second["users"]
+
+
+@pytest.mark.parametrize("where", ["source inside", "other files", "a file"])
+def test_a_folder_holding_anything_else_is_not_replaced(tmp_path, where):
+    """Preparing replaces the whole output folder: one that holds a raw log, a notebook or
+    another tool's output is refused before any work, and keeps every file."""
+    out = tmp_path / "project"
+    if where == "a file":
+        out.write_text("not a folder")
+        match = "is a file"
+    else:
+        prepare(synthetic(seed=4), out) if where == "other files" else out.mkdir()
+        (out / "notebook.ipynb").write_text("{}")
+        match = r"holds .*notebook\.ipynb.*choose a new folder"
+    source = out / "raw" / "events.parquet" if where == "source inside" else tmp_path / "e.pq"
+    if where != "a file":
+        source.parent.mkdir(exist_ok=True)
+    synthetic(seed=5).write_parquet(source)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(DataError, match=match):
+        prepare(source, out)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
 
 
 def test_failed_write_keeps_the_old_folder_and_leaves_no_temporary(tmp_path, monkeypatch):
