@@ -63,7 +63,7 @@ from pathlib import Path
 
 import polars as pl
 
-from recsys.data.io import DataError
+from recsys.data.io import NOT_TEXT, DataError
 from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, USER
 
 log = logging.getLogger(__name__)
@@ -91,13 +91,6 @@ _TEXT = "_text"  # the line's text, stripped
 _FILE = "_file"
 _STRIP = " \t\r\n\ufeff"  # whitespace, CR of CRLF files and a UTF-8 byte-order mark
 _GZIP_MAGIC = b"\x1f\x8b"
-_NOT_TEXT = {
-    b"PAR1": "a Parquet file",
-    b"PK\x03\x04": "a zip archive (unzip it and point at the file inside)",
-    b"BZh": "a bzip2 file (decompress it first: bunzip2)",
-    b"\xfd7zXZ\x00": "an xz file (decompress it first: unxz)",
-    b"\x28\xb5\x2f\xfd": "a zstd file (decompress it first: unzstd)",
-}
 _HEAD_BYTES = 1 << 16
 _CHUNK_BYTES = 1 << 24
 
@@ -138,7 +131,7 @@ def _existing_file(path: PathLike, what: str) -> Path:
 
 def _reject_non_text(path: Path, head: bytes, what: str, inside_gzip: bool = False) -> None:
     where = " (inside the gzip)" if inside_gzip else ""
-    for magic, kind in _NOT_TEXT.items():
+    for magic, kind in NOT_TEXT.items():
         if head.startswith(magic):
             raise DataError(f"{path} is {kind}{where}, not the {what} text file")
     if b"\x00" in head:

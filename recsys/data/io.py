@@ -8,17 +8,26 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 import polars as pl
 
-from recsys.schema import ATTRIBUTES, CANONICAL_COLUMNS, CATEGORY, ITEM, EventSchema
+from recsys.schema import ATTRIBUTES, CANONICAL_COLUMNS, CATEGORY, ITEM, SESSION, USER, EventSchema
 
 log = logging.getLogger(__name__)
 
 EventSource = str | os.PathLike | pl.DataFrame | pl.LazyFrame | pd.DataFrame
 SUPPORTED_SUFFIXES = (".csv", ".parquet", ".pq")
+# the first bytes of files that are not text, whatever their name says
+NOT_TEXT = {
+    b"PAR1": "a Parquet file",
+    b"PK\x03\x04": "a zip archive (unzip it and point at the file inside)",
+    b"BZh": "a bzip2 file (decompress it first: bunzip2)",
+    b"\xfd7zXZ\x00": "an xz file (decompress it first: unxz)",
+    b"\x28\xb5\x2f\xfd": "a zstd file (decompress it first: unzstd)",
+}
 
 
 class DataError(ValueError):
@@ -54,7 +63,9 @@ def _warn_on_mixed_types(folder: Path, files: list[Path], frames: list[pl.LazyFr
             )
 
 
-def _scan_file(path: Path) -> pl.LazyFrame:
+def _scan_file(path: Path, columns: Mapping[str, bool]) -> pl.LazyFrame:
+    """A CSV / Parquet file or folder as a LazyFrame. ``columns`` names the columns wanted
+    from a CSV, True for an id column (see :func:`_csv_types`)."""
     if not path.exists():
         raise DataError(f"event log {path} does not exist: check data.source.path")
     if path.is_dir():
@@ -67,7 +78,7 @@ def _scan_file(path: Path) -> pl.LazyFrame:
         suffixes = {p.suffix.lower().replace(".pq", ".parquet") for p in files}
         if len(suffixes) > 1:
             raise DataError(f"folder {path} mixes file types {sorted(suffixes)}: keep one type")
-        frames = [_scan_file(p) for p in files]
+        frames = [_wanted_of(_scan_file(p, columns), p, path, columns) for p in files]
         _warn_on_mixed_types(path, files, frames)
         return pl.concat(frames, how="vertical_relaxed")
     suffix = path.suffix.lower()
@@ -79,18 +90,75 @@ def _scan_file(path: Path) -> pl.LazyFrame:
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty (0 bytes): export the event log again")
     if suffix == ".csv":
-        # Types are inferred from every row (not a prefix), so a column that mixes integers and
-        # strings becomes a string column instead of failing half-way through a later read.
-        return pl.scan_csv(path, infer_schema_length=None, try_parse_dates=False)
+        with open(path, "rb") as f:
+            head = f.read(8)
+        for magic, kind in {**NOT_TEXT, b"\x1f\x8b": "a gzip file (gunzip it first)"}.items():
+            if head.startswith(magic):
+                fix = "rename it to .parquet" if magic == b"PAR1" else "convert it"
+                raise DataError(f"{path} is {kind}, not CSV text despite its name: {fix}")
+        return _csv_types(pl.scan_csv(path, infer_schema=False), columns, path)
     try:
         return pl.scan_parquet(path)
     except Exception as err:  # polars raises several error types for corrupt files
         raise DataError(f"{path} is not a readable Parquet file: {err}") from err
 
 
-def _as_lazy(source: EventSource, name: str) -> pl.LazyFrame:
+def _wanted_of(frame: pl.LazyFrame, file: Path, folder: Path, columns: Mapping[str, bool]):
+    """A folder's file reduced to the wanted ``columns`` in one order: files may order their
+    columns differently or carry others besides."""
+    names = _available_columns(frame, str(file))
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataError(
+            f"{file} (in folder {folder}) lacks column(s) {missing}; its columns are {names}. "
+            "Every file of the folder needs the mapped columns: fix that file or the column "
+            "mapping (data.columns.*)"
+        )
+    return frame.select(list(columns))
+
+
+def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.LazyFrame:
+    """Type the wanted ``columns`` of a CSV read as text, from every row (a column that mixes
+    numbers and text stays text instead of failing half-way through a later read).
+
+    An id column (True in ``columns``) becomes Int64 only when each value is exactly an
+    integer's text (``7``, ``-12``): ids as written, so ``007`` and ``7`` stay two ids, and
+    integer ids are the same (and give the same fingerprint) as in a Parquet file or a frame.
+    Another column becomes Int64 or Float64 where every value parses, else stays text. One
+    pass, in place of polars' own schema inference over every row."""
+    try:
+        present = [c for c in columns if c in lf.collect_schema()]
+    except pl.exceptions.NoDataError:
+        return lf  # no header: said where the columns are read
+    as_int = {c: pl.col(c).cast(pl.Int64, strict=False) for c in present}
+    as_float = {c: pl.col(c).cast(pl.Float64, strict=False) for c in present}
+    fits = [  # eq_missing: a value that does not parse (null) against text (not null) is False
+        (as_int[c].cast(pl.String) if columns[c] else as_int[c].is_null())
+        .eq_missing(pl.col(c) if columns[c] else pl.col(c).is_null())
+        .all()
+        .alias(f"int:{c}")
+        for c in present
+    ] + [
+        as_float[c].is_null().eq(pl.col(c).is_null()).all().alias(f"float:{c}")
+        for c in present
+        if not columns[c]
+    ]
+    try:
+        found = lf.select(fits).collect(engine="streaming").row(0, named=True) if present else {}
+    except pl.exceptions.PolarsError as err:
+        raise DataError(f"{path} could not be read as CSV: {err}") from err
+    typed = [
+        as_int[c] if found[f"int:{c}"] else as_float[c]
+        for c in present
+        if found[f"int:{c}"] or found.get(f"float:{c}", False)
+    ]
+    return lf.with_columns(typed)
+
+
+def _as_lazy(source: EventSource, name: str, columns: Mapping[str, bool]) -> pl.LazyFrame:
+    """``source`` as a LazyFrame; ``columns`` (wanted column -> is an id) types a CSV."""
     if isinstance(source, (str, os.PathLike)):
-        return _scan_file(Path(source))
+        return _scan_file(Path(source), columns)
     if isinstance(source, pl.LazyFrame):
         return source
     if isinstance(source, pl.DataFrame):
@@ -151,6 +219,15 @@ def select_mapped(
     return lf.select([pl.col(column).alias(canonical) for canonical, column in mapped.items()])
 
 
+def _wanted(columns: Mapping[str, str | None]) -> dict[str, bool]:
+    """Mapped source columns -> whether each holds ids (read as written from a CSV)."""
+    wanted: dict[str, bool] = {}
+    for canonical, column in columns.items():
+        if column:
+            wanted[column] = wanted.get(column, False) or canonical in (USER, ITEM, SESSION)
+    return wanted
+
+
 def scan_events(source: EventSource, schema: EventSchema) -> pl.LazyFrame:
     """Open an event log lazily and rename its mapped columns to the canonical names.
 
@@ -159,7 +236,7 @@ def scan_events(source: EventSource, schema: EventSchema) -> pl.LazyFrame:
     mapped column; the message names the file and column and how to fix the mapping.
     """
     name = describe_source(source)
-    lf = _as_lazy(source, name)
+    lf = _as_lazy(source, name, _wanted(schema.columns))
     lf = select_mapped(lf, schema.columns, name=name, option="data.columns")
     return lf.select([c for c in CANONICAL_COLUMNS if schema.has(c)])
 
@@ -174,5 +251,5 @@ def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFr
             f"{name}: data.item_columns maps neither category nor attributes, so the item "
             "table adds nothing: map one of them or set data.items=null"
         )
-    lf = _as_lazy(source, name)
+    lf = _as_lazy(source, name, _wanted(columns))
     return select_mapped(lf, columns, name=name, option="data.item_columns")

@@ -130,6 +130,26 @@ def test_unsupported_extension(tmp_path, name):
     assert ".csv" in message and ".parquet" in message
 
 
+@pytest.mark.parametrize(
+    ("content", "kind"),
+    [(b"PAR1\x15\x04", "is a Parquet file.*rename it to .parquet"), (b"\x1f\x8b\x08", "gzip")],
+)
+def test_a_binary_file_named_csv_is_recognised(tmp_path, content, kind):
+    path = tmp_path / "in" / "log.csv"
+    path.parent.mkdir()
+    path.write_bytes(content + b"\x00" * 64)
+    message = prepare_fails(tmp_path, path, match=kind)
+    assert str(path) in message
+
+
+def test_a_folder_file_without_a_mapped_column_is_named(tmp_path):
+    folder = tmp_path / "in"
+    write(folder, "a.csv", HEADER + "1,2,10,view\n")
+    write(folder, "b.csv", "user_id,item_id,ts,event_type\n1,3,11,view\n")
+    message = prepare_fails(tmp_path, folder, match="lacks column")
+    assert str(folder / "b.csv") in message and "['timestamp']" in message
+
+
 def test_nonexistent_path(tmp_path):
     path = tmp_path / "in" / "missing.csv"
     message = prepare_fails(tmp_path, path)
@@ -570,6 +590,37 @@ def test_folder_of_parquet_files_is_read_as_one_log(tmp_path, small_log):
     small_log[:half].write_parquet(folder / "part-0.parquet")
     small_log[half:].write_parquet(folder / "part-1.parquet")
     assert_frame_equal(load_events(folder, EventSchema()), load_events(small_log, EventSchema()))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_folder_files_may_order_columns_differently_and_carry_others(tmp_path, small_log, suffix):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    half = small_log.height // 2
+    first = small_log[:half]
+    second = small_log[half:].select(reversed(small_log.columns)).with_columns(price=pl.lit(1.5))
+    for name, part in (("part-0", first), ("part-1", second)):
+        getattr(part, "write_csv" if suffix == ".csv" else "write_parquet")(
+            folder / f"{name}{suffix}"
+        )
+    assert_frame_equal(load_events(folder, EventSchema()), load_events(small_log, EventSchema()))
+
+
+def test_csv_ids_are_read_as_written(tmp_path):
+    """Integer ids stay integers (as in Parquet); ids that integers would change (a leading
+    zero, a sign, a decimal point) keep their text, so ``007`` and ``7`` stay two users."""
+    rows = [("007", "1", 10), ("7", "1", 11), ("007", "2", 12), ("7", "2", 13)]
+    text = HEADER + "".join(f"{u},{i},{t},view\n" for u, i, t in rows)
+    events = load_events(write(tmp_path / "in", "log.csv", text), SCHEMA)
+    assert events.schema[USER] == pl.String and events.schema[ITEM] == pl.Int64
+    assert sorted(events[USER].unique()) == ["007", "7"]
+    for ids in (["+7", "7"], ["1.0", "2.0"], ["-0", "0"]):
+        text = HEADER + "".join(f"{u},1,{10 + n},view\n" for n, u in enumerate(ids))
+        events = load_events(write(tmp_path / "in", "log.csv", text), SCHEMA)
+        assert events[USER].to_list() == ids
+    text = HEADER + "-12,9223372036854775807,10,view\n"
+    events = load_events(write(tmp_path / "in", "log.csv", text), SCHEMA)
+    assert events.schema[USER] == pl.Int64 and events[ITEM].to_list() == [2**63 - 1]
 
 
 def prepare_file_and_frame(tmp_path: Path, log: pl.DataFrame, suffix: str) -> tuple[dict, dict]:
