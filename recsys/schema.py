@@ -70,6 +70,10 @@ class EventSchema:
             )
         if len(set(self.behaviors)) != len(self.behaviors):
             raise ValueError(f"EventSchema.behaviors has duplicates: {list(self.behaviors)}")
+        # raw names are compared as text: numeric event codes ({1: view}) are names "1", ...
+        object.__setattr__(
+            self, "behavior_aliases", {str(k): v for k, v in self.behavior_aliases.items()}
+        )
         bad_alias = {k: v for k, v in self.behavior_aliases.items() if v not in self.behaviors}
         if bad_alias:
             raise ValueError(

@@ -164,6 +164,13 @@ def _as_lazy(source: EventSource, name: str, columns: Mapping[str, bool]) -> pl.
     if isinstance(source, pl.DataFrame):
         return source.lazy()
     if isinstance(source, pd.DataFrame):
+        # aware datetimes as UTC instants: polars takes named zones, not pandas' fixed offsets
+        # (datetime64[us, UTC+05:30], what pd.to_datetime makes of "...+05:30")
+        aware = [c for c in source.columns if isinstance(source[c].dtype, pd.DatetimeTZDtype)]
+        if aware:
+            source = source.copy(deep=False)  # the caller's frame stays as it is
+            for column in aware:
+                source[column] = source[column].dt.tz_convert("UTC")
         try:
             return pl.from_pandas(source).lazy()
         except (pl.exceptions.PolarsError, TypeError, ValueError) as err:

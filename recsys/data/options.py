@@ -9,12 +9,13 @@ Missing keys take the defaults of ``conf/data/base.yaml``; unknown keys are an e
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 from recsys.data.pipeline import DEFAULT_ITEM_COLUMNS, PrepareSettings
 from recsys.data.sequences import TimeBuckets
 from recsys.data.split import SplitSettings
-from recsys.data.validate import BadRowPolicy, parse_instant
+from recsys.data.validate import BadRowPolicy, names, parse_instant
 from recsys.schema import EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
 
 SCHEMA_KEYS = {
@@ -42,10 +43,10 @@ ITEM_KEYS = {"item_columns"}
 DEFAULT_COLUMNS = {USER: USER, ITEM: ITEM, TIMESTAMP: TIMESTAMP, EVENT_TYPE: EVENT_TYPE}
 
 
-def check_keys(options: Mapping[str, Any], *, allowed: set[str]) -> None:
+def check_keys(options: Mapping[str, Any], *, allowed: set[str], group: str = "data") -> None:
     unknown = set(options) - allowed
     if unknown:
-        raise ValueError(f"unknown data option(s) {sorted(unknown)}; known: {sorted(allowed)}")
+        raise ValueError(f"unknown {group} option(s) {sorted(unknown)}; known: {sorted(allowed)}")
 
 
 def event_schema(options: Mapping[str, Any]) -> EventSchema:
@@ -53,7 +54,7 @@ def event_schema(options: Mapping[str, Any]) -> EventSchema:
     defaults = EventSchema()
     return EventSchema(
         columns={k: v for k, v in columns.items() if v},
-        behaviors=tuple(options.get("behaviors") or defaults.behaviors),
+        behaviors=names("data.behaviors", options.get("behaviors") or defaults.behaviors),
         behavior_aliases=dict(options.get("behavior_aliases") or {}),
         timestamp_unit=options.get("timestamp_unit") or "s",
         attribute_separator=options.get("attribute_separator"),
@@ -65,15 +66,16 @@ def item_columns(options: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def time_buckets(options: Mapping[str, Any]) -> TimeBuckets:
-    return TimeBuckets(**dict(options.get("time_buckets") or {}))
+    buckets = dict(options.get("time_buckets") or {})
+    check_keys(buckets, allowed={f.name for f in fields(TimeBuckets)}, group="data.time_buckets")
+    return TimeBuckets(**buckets)
 
 
 def prepare_settings(options: Mapping[str, Any]) -> PrepareSettings:
     split = dict(options.get("split") or {})
-    if split.get("target_behaviors"):
-        split["target_behaviors"] = tuple(split["target_behaviors"])
+    check_keys(split, allowed={f.name for f in fields(SplitSettings)}, group="data.split")
     window = dict(options.get("window") or {})
-    check_keys(window, allowed={"start", "end"})
+    check_keys(window, allowed={"start", "end"}, group="data.window")
     defaults = PrepareSettings()
     plain = {
         key: options[key]

@@ -70,6 +70,7 @@ from recsys.data.validate import (
     BadRowPolicy,
     attribute_list,
     attribute_sets,
+    check_number,
     classify,
     enforce,
     log_summary,
@@ -146,6 +147,8 @@ class PrepareSettings:
                 f"data.max_user_events={self.max_user_events!r} must be an integer >= "
                 f"data.min_user_events={self.min_user_events} (or null to keep every event)"
             )
+        if self.session_gap_seconds is not None:
+            check_number("data.session_gap_seconds", self.session_gap_seconds)
         if self.session_gap_seconds is not None and not self.session_gap_seconds > 0:
             raise ValueError(
                 f"data.session_gap_seconds={self.session_gap_seconds} must be > 0 (or null)"
@@ -357,6 +360,13 @@ def prepare_dataset(
     """
     out_dir = Path(out_dir)
     name = source_name or describe_source(source)
+    targets = settings.split.target_behaviors
+    if targets and not set(targets) <= set(schema.behaviors):
+        raise ValueError(
+            f"data.split.target_behaviors={list(targets)} names "
+            f"{sorted(set(targets) - set(schema.behaviors))}, not among data.behaviors="
+            f"{list(schema.behaviors)}: name target behaviours from that list"
+        )
     if not schema.has(TIMESTAMP) and settings.split.method == "temporal":
         raise DataError(
             f"{name}: the log has no timestamp column (data.columns.timestamp=null), so a "
@@ -548,8 +558,8 @@ def _prepare(
     )
     if vocab.items.height == 0:
         raise ValueError(
-            "the training window holds no items: lower data.split.val_fraction/test_fraction "
-            "or data.min_item_count"
+            f"{name}: the training window holds no items: lower data.min_item_count="
+            f"{settings.min_item_count}, or {settings.split.widening()}"
         )
 
     clock.lap("vocabulary")
@@ -654,9 +664,8 @@ def _prepare(
     if stats["val_targets"] == 0 or stats["test_targets"] == 0:
         raise ValueError(
             f"{name}: the split leaves {stats['val_targets']} validation and "
-            f"{stats['test_targets']} test targets; the log is too small or the windows too "
-            "narrow — widen data.split.val_fraction/test_fraction or use data.split.method="
-            "leave_one_out"
+            f"{stats['test_targets']} test targets ({settings.split.method} split); the log is "
+            f"too small or the windows too narrow: {settings.split.widening()}"
         )
     shutil.rmtree(parts.work, ignore_errors=True)
     clock.lap("finish")

@@ -31,6 +31,7 @@ import polars as pl
 
 from recsys.data.split import SPLIT_COLUMNS
 from recsys.data.transforms import SESSION_INDEX
+from recsys.data.validate import check_number
 from recsys.data.vocab import ITEM_INDEX
 from recsys.schema import TIMESTAMP, USER
 
@@ -60,6 +61,8 @@ class TimeBuckets:
     reference: str = "previous"
 
     def __post_init__(self) -> None:
+        check_number("data.time_buckets.unit_seconds", self.unit_seconds)
+        check_number("data.time_buckets.num_buckets", self.num_buckets, integer=True)
         if not self.unit_seconds > 0:
             raise ValueError(f"data.time_buckets.unit_seconds={self.unit_seconds} must be > 0")
         if not 1 <= self.num_buckets <= 64:

@@ -33,6 +33,7 @@ from datetime import datetime
 import polars as pl
 
 from recsys.data.transforms import POSITION
+from recsys.data.validate import check_number, names
 from recsys.schema import EVENT_TYPE, TIMESTAMP, USER
 
 TRAIN_END = "train_end"
@@ -54,8 +55,12 @@ class SplitSettings:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"data.split.method={self.method!r}: use one of {list(METHODS)}")
+        if self.target_behaviors is not None:
+            targets = names("data.split.target_behaviors", self.target_behaviors)
+            object.__setattr__(self, "target_behaviors", targets)
         for name in ("val_fraction", "test_fraction"):
             value = getattr(self, name)
+            check_number(f"data.split.{name}", value)
             if not 0.0 < value < 0.5:
                 raise ValueError(f"data.split.{name}={value} must lie in (0, 0.5)")
         if not isinstance(self.holdout_events, int) or self.holdout_events < 1:
@@ -67,6 +72,26 @@ class SplitSettings:
                 f"data.split.val_fraction + test_fraction = "
                 f"{self.val_fraction + self.test_fraction} leaves too little for training (<10%)"
             )
+
+    def widening(self) -> str:
+        """How to give the split more room: the fix for a log left without targets or
+        training items under these settings."""
+        if self.method == "temporal":
+            fix = (
+                "widen data.split.val_fraction/test_fraction or use data.split.method=leave_one_out"
+            )
+        else:
+            holdout = 1 if self.method == "leave_one_out" else self.holdout_events
+            fix = (
+                f"a user needs at least {2 * holdout + 1} events for a validation and a test "
+                f"target: set data.min_user_events={2 * holdout + 1}"
+                + (" or lower data.split.holdout_events" if self.method == "leave_last_n" else "")
+            )
+        if self.target_behaviors:
+            fix += (
+                f", or add behaviours to data.split.target_behaviors={list(self.target_behaviors)}"
+            )
+        return fix
 
 
 @dataclass(frozen=True)

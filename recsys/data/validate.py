@@ -77,10 +77,11 @@ _FIXES = {
     "bad_timestamp": "use Unix seconds (data.timestamp_unit=s), milliseconds "
     "(data.timestamp_unit=ms) or ISO 8601, or data.bad_rows.bad_timestamp=drop",
     "unknown_behavior": "add them to data.behaviors or map them with "
-    "data.behavior_aliases.<name>=<behavior>, or data.bad_rows.unknown_behavior=drop",
+    "+data.behavior_aliases.<name>=<behavior>, or data.bad_rows.unknown_behavior=drop",
     "negative_timestamp": "check the unit (data.timestamp_unit) and the sign, or "
     "data.bad_rows.negative_timestamp=drop",
-    "future_timestamp": "set data.as_of to the log's end, or data.bad_rows.future_timestamp=drop",
+    "future_timestamp": "check the unit (data.timestamp_unit: s or ms), set data.as_of to the "
+    "log's end, or data.bad_rows.future_timestamp=drop",
     "duplicate": "remove repeated rows upstream, or data.bad_rows.duplicate=drop",
 }
 _ISO_FORMATS = (
@@ -88,6 +89,8 @@ _ISO_FORMATS = (
     "%Y-%m-%d %H:%M:%S%.f%z",
     "%Y-%m-%dT%H:%M:%S%.f",
     "%Y-%m-%d %H:%M:%S%.f",
+    "%Y-%m-%dT%H:%M%z",
+    "%Y-%m-%d %H:%M%z",
     "%Y-%m-%dT%H:%M",
     "%Y-%m-%d %H:%M",
     "%Y-%m-%d",
@@ -122,6 +125,31 @@ class BadRowPolicy:
 
     def kinds(self, policy: str) -> list[str]:
         return [kind for kind, p in asdict(self).items() if p == policy]
+
+
+def check_number(option: str, value: object, *, integer: bool = False) -> None:
+    """Refuse a setting that is not a number (a string from a command line, a bool, None):
+    comparisons on it would fail with a TypeError that names no setting."""
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ValueError(
+            f"{option}={value!r} ({type(value).__name__}) must be "
+            f"{'an integer' if integer else 'a number'}"
+        )
+
+
+def names(option: str, value: object) -> tuple[str, ...]:
+    """A list of names from a setting; one name alone (``purchase`` on a command line, where
+    ``[purchase]`` was meant) is a list of one, not a list of its letters."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        items = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        items = (value,)
+    if not all(isinstance(item, str) and item for item in items):
+        raise ValueError(f"{option}={value!r} must be a list of names, e.g. [view, purchase]")
+    return items
 
 
 def parse_instant(value: str | datetime | None, *, option: str) -> datetime | None:

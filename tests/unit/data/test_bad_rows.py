@@ -5,6 +5,7 @@ what is wrong and how to fix it, and leave no output (not even a partial quarant
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -52,7 +53,7 @@ EXPECTED_MESSAGE = {
     "negative_timestamp": r"before 1970-01-01 \(column 'ts'\) \[negative_timestamp\] "
     r"\(row 400: '-86400'\); fix: check the unit",
     "future_timestamp": r"after as_of=2030-01-01T00:00:00\+00:00 .*\[future_timestamp\] "
-    r"\(row 400: '4102444800'\); fix: set data.as_of",
+    r"\(row 400: '4102444800'\); fix: check the unit .*set data.as_of",
     "duplicate": r"1 row\(s\) repeating an earlier identical event .*\[duplicate\] \(row 400\)",
 }
 KINDS = list(EXPECTED_MESSAGE)
@@ -227,10 +228,60 @@ def test_absurd_settings_are_refused_before_reading(tmp_path):
         ({"session_gap_seconds": -5}, "data.session_gap_seconds=-5 must be > 0"),
         ({"split": {"method": "random"}}, r"data.split.method='random'"),
         ({"colums": {}}, r"unknown data option\(s\) \['colums'\]"),
+        # text or None where a number belongs (a command line's abc, a notebook's "0.1")
+        ({"split": {"val_fraction": "0.1"}}, r"data.split.val_fraction='0.1' \(str\) must be a n"),
+        ({"split": {"val_fraction": None}}, r"data.split.val_fraction=None \(NoneType\)"),
+        ({"session_gap_seconds": "thirty"}, r"data.session_gap_seconds='thirty' \(str\)"),
+        ({"time_buckets": {"unit_seconds": "60"}}, r"unit_seconds='60' \(str\) must be a n"),
+        ({"time_buckets": {"num_buckets": 8.0}}, r"num_buckets=8.0 \(float\) must be an int"),
+        ({"split": {"foo": 1}}, r"unknown data.split option\(s\) \['foo'\]"),
+        ({"time_buckets": {"unit": 60}}, r"unknown data.time_buckets option\(s\) \['unit'\]"),
+        ({"behaviors": ["view", 3]}, r"data.behaviors=\['view', 3\] must be a list of names"),
     ):
         with pytest.raises(ValueError, match=message):
             rd.prepare(pd.DataFrame(), tmp_path / "never", **options)
     assert not (tmp_path / "never").exists()
+
+
+def test_one_name_where_a_list_belongs_is_a_list_of_one(tmp_path):
+    """``data.split.target_behaviors=purchase`` on a command line means ``[purchase]``, not
+    the letters p, u, r, ...; a target behaviour outside ``data.behaviors`` is refused."""
+    frame = generate_events(num_users=40, num_items=30, num_categories=3, seed=2)
+    split = {"method": "leave_one_out", "target_behaviors": "purchase"}
+    ds = rd.prepare(frame, tmp_path / "p", split=split)
+    assert ds.stats["split"]["target_behaviors"] == ["purchase"]
+    assert ds.stats["test_targets"] > 0
+    one = rd.prepare(frame, tmp_path / "q", behaviors="view", bad_rows={"unknown_behavior": "drop"})
+    assert one.vocab.behaviors == ("view",)
+    with pytest.raises(ValueError, match=r"target_behaviors=\['buy'\] names \['buy'\], not among"):
+        rd.prepare(frame, tmp_path / "r", split={**split, "target_behaviors": ["buy"]})
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "fix"),
+    [
+        ({"split": {"method": "leave_one_out"}}, "at least 3 events.*data.min_user_events=3"),
+        (
+            {"split": {"method": "leave_last_n", "holdout_events": 2}},
+            "at least 5 events.*min_user_events=5 or lower data.split.holdout_events",
+        ),
+        ({}, "widen data.split.val_fraction/test_fraction"),
+    ],
+)
+def test_too_few_targets_get_the_fix_of_their_split(tmp_path, options, fix):
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
+    frame = pl.DataFrame(
+        {
+            "user_id": [1, 1, 2, 2],
+            "item_id": [1, 2, 1, 2],
+            "event_type": ["view"] * 4,
+            "timestamp": [t0 + timedelta(hours=h) for h in range(4)],
+        }
+    )
+    with pytest.raises(ValueError, match=fix):
+        rd.prepare(frame, tmp_path / "p", columns={"category": None}, **options)
+    assert not (tmp_path / "p").exists()
 
 
 def test_order_only_log_refuses_a_temporal_split(tmp_path):

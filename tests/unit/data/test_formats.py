@@ -492,7 +492,7 @@ def test_yaml_composes_and_instantiates(make_config, tmp_path, name):
     mapped = [column for column in data.columns.values() if column]
     assert set(mapped) <= set(events.collect_schema().names()), mapped
     assert events.collect().height > 0
-    for raw in data.behavior_aliases:
+    for raw in data.behavior_aliases or {}:
         assert data.behavior_aliases[raw] in data.behaviors
     if data["items"] is not None:
         items = instantiate(data["items"])

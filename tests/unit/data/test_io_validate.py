@@ -39,7 +39,7 @@ TIMESTAMP_FIX = (
     "ISO 8601, or data.bad_rows.bad_timestamp=drop"
 )
 BEHAVIOR_FIX = (
-    "fix: add them to data.behaviors or map them with data.behavior_aliases.<name>=<behavior>, "
+    "fix: add them to data.behaviors or map them with +data.behavior_aliases.<name>=<behavior>, "
     "or data.bad_rows.unknown_behavior=drop"
 )
 
@@ -259,8 +259,8 @@ def test_timestamps_before_1970_and_after_as_of(tmp_path):
         "(row 0: '1969-12-31T23:59:59Z'); fix: check the unit (data.timestamp_unit) and the "
         "sign, or data.bad_rows.negative_timestamp=drop",
         "1 row(s) with a timestamp after as_of=2024-06-01T00:00:00+00:00 (column 'timestamp') "
-        "[future_timestamp] (row 2: '2024-06-02'); fix: set data.as_of to the log's end, or "
-        "data.bad_rows.future_timestamp=drop",
+        "[future_timestamp] (row 2: '2024-06-02'); fix: check the unit (data.timestamp_unit: s "
+        "or ms), set data.as_of to the log's end, or data.bad_rows.future_timestamp=drop",
     ]
     # with the policy set to drop, the same rows are set aside and the rest is read
     policy = BadRowPolicy(negative_timestamp="drop", future_timestamp="drop")
@@ -453,6 +453,28 @@ def test_behavior_aliases_map_raw_names():
     assert load_events(frame, schema)[EVENT_TYPE].to_list() == ["view", "view", "purchase", "cart"]
 
 
+def test_numeric_event_codes_map_through_aliases():
+    schema = EventSchema(columns=NO_CATEGORY, behavior_aliases={1: "view", 2: "purchase"})
+    frame = pl.DataFrame({USER: [1, 1], ITEM: [1, 2], TIMESTAMP: [1, 2], EVENT_TYPE: [1, 2]})
+    assert load_events(frame, schema)[EVENT_TYPE].to_list() == ["view", "purchase"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "aliases"),
+    [  # the README's form, and the one the unknown_behavior error suggests, on every dataset
+        (["data.behavior_aliases={addtocart: cart}"], {"addtocart": "cart"}),
+        (["+data.behavior_aliases.addtocart=cart"], {"addtocart": "cart"}),
+        (
+            ["data=taobao", "+data.behavior_aliases.addtocart=cart"],
+            {"pv": "view", "buy": "purchase", "addtocart": "cart"},
+        ),
+    ],
+)
+def test_behavior_aliases_from_the_command_line(make_config, overrides, aliases):
+    cfg = make_config("config", overrides)
+    assert dict(cfg.data.behavior_aliases) == aliases
+
+
 def test_alias_to_unknown_behavior_is_rejected():
     with pytest.raises(ValueError, match="behavior_aliases"):
         EventSchema(columns=NO_CATEGORY, behavior_aliases={"pv": "glance"})
@@ -489,6 +511,8 @@ def test_iso_strings_with_and_without_offsets(tmp_path):
         "2024-03-10T12:00:00.250",
         "2024-03-10T12:00:00.000001+00:00",
         "2024-03-10T12:00",
+        "2024-03-10T12:00+02:00",  # minutes only, with an offset or Z
+        "2024-03-10 12:00Z",
         "2024-03-10",
         " 2024-03-10T12:00:00Z ",
     ]
@@ -503,6 +527,8 @@ def test_iso_strings_with_and_without_offsets(tmp_path):
         utc(2024, 3, 10, 12),
         datetime(2024, 3, 10, 12, 0, 0, 250_000, tzinfo=UTC),
         datetime(2024, 3, 10, 12, 0, 0, 1, tzinfo=UTC),
+        utc(2024, 3, 10, 12),
+        utc(2024, 3, 10, 10),
         utc(2024, 3, 10, 12),
         utc(2024, 3, 10),
         utc(2024, 3, 10, 12),
@@ -553,6 +579,16 @@ def test_pandas_frames_aware_naive_and_strings():
 
     strings = eastern.assign(**{TIMESTAMP: ["2024-01-15T09:00:00Z", "2024-07-15T09:00:00-04:00"]})
     assert instants(load_events(strings, schema)) == [utc(2024, 1, 15, 9), utc(2024, 7, 15, 13)]
+
+    # a fixed offset, as pd.to_datetime parses "+05:30" (polars knows no such zone name)
+    offset = pd.to_datetime(["2024-01-15T09:00:00+05:30", "2024-07-15T09:00:00+05:30"])
+    fixed = eastern.assign(**{TIMESTAMP: offset})
+    assert str(fixed[TIMESTAMP].dtype) == "datetime64[us, UTC+05:30]"
+    assert instants(load_events(fixed, schema)) == [
+        utc(2024, 1, 15, 3, 30),
+        utc(2024, 7, 15, 3, 30),
+    ]
+    assert str(fixed[TIMESTAMP].dtype) == "datetime64[us, UTC+05:30]"  # the caller's frame kept
 
 
 def test_pandas_nan_ids_are_null_ids(tmp_path):
