@@ -664,8 +664,13 @@ def _prepare(
     if stats["val_targets"] == 0 or stats["test_targets"] == 0:
         raise ValueError(
             f"{name}: the split leaves {stats['val_targets']} validation and "
-            f"{stats['test_targets']} test targets ({settings.split.method} split); the log is "
-            f"too small or the windows too narrow: {settings.split.widening()}"
+            f"{stats['test_targets']} test targets ({settings.split.method} split)"
+            + (
+                f", after leaving out {unknown_targets} whose item never occurs in training"
+                if any(unknown_targets.values())
+                else ""
+            )
+            + f"; the log is too small or the windows too narrow: {settings.split.widening()}"
         )
     shutil.rmtree(parts.work, ignore_errors=True)
     clock.lap("finish")
