@@ -36,7 +36,11 @@ class SeqRecDataModule(pl.LightningDataModule):
         seed: int = 0,
         train_samples: str = "windows",
         partners: bool = False,
+        time_buckets: TimeBuckets | None = None,
     ):
+        """``time_buckets``: how gaps become bucket ids; default the prepared data's (a
+        trained model passes its own: buckets are computed from the stored times per batch,
+        so the data's setting need not match the model's)."""
         super().__init__()
         if train_samples not in TRAIN_SAMPLES:
             raise ValueError(
@@ -55,7 +59,7 @@ class SeqRecDataModule(pl.LightningDataModule):
         self.prepared_dir = Path(prepared_dir)
         self.stats = load_stats(self.prepared_dir)
         self.vocab = Vocab.load(self.prepared_dir)
-        self.time_buckets = TimeBuckets(**self.stats["time_buckets"])
+        self.time_buckets = time_buckets or TimeBuckets(**self.stats["time_buckets"])
         self.max_seq_len = max_seq_len
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size

@@ -11,6 +11,7 @@ protocol as run tags.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -103,7 +104,15 @@ def run(
         prepared_dir,
         max_seq_len=model.max_seq_len,
         eval_batch_size=cfg.data.loader.eval_batch_size,
+        time_buckets=model.time_buckets,  # as trained, whatever data.time_buckets says now
     )
+    if datamodule.stats["time_buckets"] != asdict(model.time_buckets):
+        log.info(
+            "time buckets as checkpoint %s was trained with (%s), not data.time_buckets (%s)",
+            model.path,
+            asdict(model.time_buckets),
+            datamodule.stats["time_buckets"],
+        )
     if datamodule.vocab.content_hash() != model.vocab.content_hash():
         raise ValueError(
             f"{prepared_dir} was prepared with another vocabulary than checkpoint {model.path} "

@@ -291,6 +291,19 @@ def test_evaluate_reproduces_test_metrics(main_run, make_config):
     )
     metrics = evaluate.run(eval_cfg)
     assert metrics["test/ndcg_at_10"] == pytest.approx(result.metrics["test/ndcg_at_10"])
+    # other time buckets in the data settings: the checkpoint's are used, as trained
+    other = make_config(
+        "evaluate",
+        [
+            f"model_ref={result.checkpoint}",
+            "logger=none",
+            *TINY_DATA,
+            "training.rerank_top_n=20",
+            "data.time_buckets.unit_seconds=86400",
+        ],
+    )
+    assert other.data.time_buckets.unit_seconds != cfg.data.time_buckets.unit_seconds
+    assert evaluate.run(other)["test/ndcg_at_10"] == pytest.approx(metrics["test/ndcg_at_10"])
 
 
 def written(folder: Path) -> list[Path]:
