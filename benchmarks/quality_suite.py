@@ -126,12 +126,7 @@ MODELS = {
         Model(
             "atrank_faithful",
             "ATRank, faithful preset (target attention, BCE 1 negative)",
-            (
-                "model=atrank_faithful",
-                "training.objective=target_attention",
-                *BCE_ONE_NEGATIVE,
-                "data.time_buckets.reference=target",
-            ),
+            ("model=atrank_faithful",),  # the preset sets the objective, loss and time gaps
         ),
         Model("atrank", "ATRank, modern preset (CE, attributes, behaviours)", ("model=atrank",)),
         Model(

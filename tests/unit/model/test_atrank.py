@@ -773,6 +773,24 @@ def test_faithful_preset_config_is_the_reference_form() -> None:
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=atrank_faithful"])
     assert {k: cfg.model[k] for k in FAITHFUL} == FAITHFUL
+    # ... and trains and measures time as the reference does, with no further override
+    training = {k: cfg.training[k] for k in ("objective", "loss", "num_negatives")}
+    assert training == {"objective": "target_attention", "loss": "bce", "num_negatives": 1}
+    assert cfg.training.shared_negatives is False
+    assert cfg.data.time_buckets.reference == "target"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        modern = compose(config_name="config", overrides=["model=atrank", "experiment=beauty"])
+        beauty = compose(
+            config_name="config", overrides=["model=atrank_faithful", "experiment=beauty"]
+        )
+    assert (modern.training.objective, modern.data.time_buckets.reference) == (
+        "retrieval",
+        "previous",
+    )
+    assert (
+        beauty.training.loss == "bce"
+        and beauty.training.optimizer.lr == modern.training.optimizer.lr
+    )
     model = make_model(**FAITHFUL)
     block = model.blocks[0]
     assert block.feed_forward.net[0].out_features == round(16 * 0.25)  # C/4
