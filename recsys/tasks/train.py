@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.checkpoint import CHECKPOINT_KEY, checkpoint_extra, write_scoring_checkpoint
 from recsys.config import event_schema, to_container
 from recsys.data.datamodule import SeqRecDataModule
+from recsys.data.options import time_buckets
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
+from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, use_tracker
 from recsys.training.callbacks import CheckMonitors, TrainingClock
@@ -57,17 +61,67 @@ def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
 def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Module:
     """Instantiate ``model`` with the sizes that come from the data (never typed into yaml)."""
     vocab = datamodule.vocab
-    encoder = instantiate(
-        cfg.model,
+    encoder = _encoder(
+        cfg,
         num_items=vocab.num_items,
         num_attributes=vocab.num_attributes,
         item_attribute_width=vocab.attribute_width,
         num_behaviors=vocab.num_behaviors,
         num_time_buckets=datamodule.time_buckets.num_embeddings,
-        max_seq_len=cfg.data.max_seq_len,
     )
     encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
     return encoder
+
+
+def _encoder(cfg: DictConfig, **sizes: int) -> torch.nn.Module:
+    return instantiate(cfg.model, **sizes, max_seq_len=cfg.data.max_seq_len)
+
+
+# a catalogue larger than any setting's bound on it (negatives, sampled metrics): the trial
+# build below refuses what the real one would, and nothing that the real one would take
+TRIAL_ITEMS = 20_000
+
+
+def check_model_settings(cfg: DictConfig) -> None:
+    """Build the encoder and the training module once with placeholder data sizes, so that a
+    model or training setting out of range (``model.num_heads=0``, ``model.dropout=1.5``,
+    ``training.optimizer.lr=-1``) is refused before the data is prepared, not after."""
+    behaviors = list(event_schema(cfg.data).behaviors)
+    num_items = NUM_RESERVED + TRIAL_ITEMS
+    with _naming_keys("model", cfg.model):
+        encoder = _encoder(
+            cfg,
+            num_items=num_items,
+            num_attributes=NUM_RESERVED + 1,
+            item_attribute_width=1,
+            num_behaviors=NUM_RESERVED + len(behaviors),
+            num_time_buckets=time_buckets(to_container(cfg.data)).num_embeddings,
+        )
+    with _naming_keys("training", cfg.training):
+        module = instantiate(cfg.training, _partial_=True)(
+            encoder=encoder,
+            behaviors=behaviors,
+            item_counts=torch.ones(num_items, dtype=torch.long),
+            target_shares=known_target_shares({}),
+        )
+        module.optimizer_factory(params=module.parameters())  # torch's checks (betas, eps)
+
+
+@contextmanager
+def _naming_keys(group: str, settings: DictConfig) -> Iterator[None]:
+    """A constructor's ``ValueError('num_heads=0 is invalid ...')`` as the config key the user
+    sets (``model.num_heads=0 ...``), without Hydra's instantiation wrapper around it."""
+    try:
+        yield
+    except (ValueError, InstantiationException) as err:
+        cause = err if isinstance(err, ValueError) else err.__cause__
+        if not isinstance(cause, ValueError):
+            raise
+        message = str(cause)
+        key = message.split("=", 1)[0]
+        if key in settings and not message.startswith(f"{group}."):
+            message = f"{group}.{message}"
+        raise ValueError(message) from cause
 
 
 def data_arguments(vocab: Vocab, stats: Mapping[str, Any]) -> dict:
@@ -218,6 +272,7 @@ def check_settings(cfg: DictConfig) -> None:
 
 def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
     check_settings(cfg)
+    check_model_settings(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     prepared_dir = Path(cfg.data.prepared_dir) if cfg.data.prepared_dir else prepare.run(cfg)
     datamodule = build_datamodule(cfg, prepared_dir)

@@ -1,0 +1,50 @@
+"""Model and training settings out of range are refused before the data is prepared
+(``train.check_model_settings``: a trial build with placeholder data sizes), naming the config
+key the user sets."""
+
+from __future__ import annotations
+
+import pytest
+
+from recsys.tasks import prepare, train
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.num_heads=0", r"^model.num_heads=0 is invalid"),
+        ("model.dropout=1.5", r"^model.dropout=1.5 is invalid"),
+        ("model.d_model=-16", r"^model.d_model=-16 is invalid"),
+        ("model.num_heads=7", r"^model.d_model=16 is not divisible by num_heads=7"),
+        ("training.optimizer.lr=-1", r"^training.optimizer.lr=-1 must be a number > 0"),
+        ("training.optimizer.weight_decay=-1", r"^training.optimizer.weight_decay=-1 must be"),
+        ("training.rerank_top_n=-3", r"^training.rerank_top_n=-3 and rerank_loss_weight"),
+        ("+training.optimizer.betas=[1.5,0.9]", r"beta parameter at index 0"),
+    ],
+)
+def test_model_and_training_settings_are_refused_before_preparing(
+    make_config, monkeypatch, override, message
+):
+    def no_preparing(*args, **kwargs):
+        raise AssertionError("the data was prepared before the settings were checked")
+
+    monkeypatch.setattr(prepare, "run", no_preparing)
+    cfg = make_config("config", ["experiment=tiny", "logger=none", override])
+    with pytest.raises(ValueError, match=message):
+        train.run(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["model=sasrec"],
+        ["model=atrank_faithful"],
+        ["training.loss=gbce", "training.num_negatives=256"],
+        ["training.loss=sampled_softmax", "training.negative_sampler=popularity"],
+    ],
+)
+def test_the_trial_build_takes_the_shipped_settings(make_config, overrides):
+    """No false refusal: the presets and losses pass the trial build (its catalogue of
+    TRIAL_ITEMS items is larger than any bound a setting has on it)."""
+    train.check_model_settings(make_config("config", ["experiment=tiny", *overrides]))
