@@ -12,6 +12,7 @@ from recsys.tasks import train
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def entry(cfg: DictConfig):
+    cfg.task_name = "train"  # the main job's config, run as this pipeline (MLflow run name, tag)
     return train.run(cfg)
 
 

@@ -282,7 +282,7 @@ def run(
         tracker.set_tags(
             {
                 **model_tags,
-                "task": "score",
+                "task": cfg.task_name,  # the pipeline: score, or main for the main job
                 "score.output": str(output.path),
                 "score.as_of": str(as_of or "end of log"),
                 "score.data_fingerprint": fingerprint,  # the scored log (data.* = training)

@@ -295,7 +295,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
     with use_tracker(
         tracker, cfg.logger, run_name=cfg.task_name, continue_run_id=continued
     ) as tracker:
-        tracker.set_tags({"data.fingerprint": datamodule.stats["fingerprint"], "task": "train"})
+        tracker.set_tags(
+            {"data.fingerprint": datamodule.stats["fingerprint"], "task": cfg.task_name}
+        )
         if resume is not None:
             tracker.set_tags({"train.resumed_from": str(resume)})
             log.info("resuming training from %s", resume)
