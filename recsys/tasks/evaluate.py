@@ -99,7 +99,7 @@ def run(
     splits: tuple[str, ...] = ("test",),
 ) -> dict[str, float]:
     model = load_model(checkpoint or cfg.model_ref, cfg.logger)
-    prepared_dir = prepared_dir or cfg.data.prepared_dir or prepare.run(cfg)
+    prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,
         max_seq_len=model.max_seq_len,

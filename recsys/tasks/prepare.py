@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from recsys.config import event_schema, item_columns, prepare_settings
-from recsys.data.pipeline import prepare_dataset
+from recsys.data.pipeline import load_stats, prepare_dataset
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,41 @@ def item_source(cfg: DictConfig):
     """``data.items``: the optional item side table (None when not set)."""
     items = cfg.data.get("items")
     return None if items is None else _source(items, "data.items")
+
+
+def prepared(cfg: DictConfig) -> Path:
+    """The prepared dataset a task works on: ``data.prepared_dir`` when set, else the log
+    prepared now into the run folder. A reused folder must have been prepared with the
+    config's data settings: an override that the folder does not follow is refused rather
+    than logged as if it applied."""
+    if not cfg.data.prepared_dir:
+        return run(cfg)
+    folder = Path(cfg.data.prepared_dir)
+    stats = load_stats(folder)
+    config = {**prepare_settings(cfg.data).to_dict(), **event_schema(cfg.data).to_dict()}
+    config = json.loads(json.dumps(config, default=str))  # as stats.json holds it
+    folder_settings = {**stats.get("settings", {}), **stats.get("schema", {})}
+    differ = [
+        difference
+        for difference in _flat_differences("data", folder_settings, config)
+        if difference[0] != "data.partition_rows"  # the work layout, not the data
+    ]
+    if differ:
+        listed = "; ".join(f"{key}: prepared {was!r}, config {now!r}" for key, was, now in differ)
+        raise ValueError(
+            f"data.prepared_dir={folder} was prepared with other data settings than this "
+            f"config's ({listed}): drop those overrides (the folder's settings apply), or unset "
+            "data.prepared_dir to prepare the log with them"
+        )
+    return folder
+
+
+def _flat_differences(prefix: str, was: Any, now: Any) -> Iterator[tuple[str, Any, Any]]:
+    if isinstance(was, dict) and isinstance(now, dict):
+        for key in sorted(set(was) | set(now)):
+            yield from _flat_differences(f"{prefix}.{key}", was.get(key), now.get(key))
+    elif was != now:
+        yield prefix, was, now
 
 
 def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:

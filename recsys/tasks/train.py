@@ -246,6 +246,29 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
     return path
 
 
+def check_run_folder(cfg: DictConfig) -> None:
+    """Refuse, before any work, to train into a run folder that holds a training already (its
+    checkpoints), unless ``resume`` continues it: a second training there would write
+    best-v1.ckpt beside the first one's, overwrite its scoring checkpoint and config, and
+    leave a later ``resume=last`` the first one's last.ckpt."""
+    if cfg.get("resume") is not None:
+        return
+    run_dir = Path(cfg.paths.run_dir)
+    folders = {
+        Path(callback.dirpath)
+        for callback in (cfg.callbacks or {}).values()
+        if isinstance(callback, DictConfig) and callback.get("dirpath")
+    }
+    held = sorted({p for folder in folders for p in folder.rglob("*.ckpt")})
+    if held:
+        names = [str(p.relative_to(run_dir)) if p.is_relative_to(run_dir) else str(p) for p in held]
+        raise FileExistsError(
+            f"paths.run_dir={run_dir} already holds a training ({', '.join(names[:5])}"
+            f"{', ...' if len(names) > 5 else ''}): continue it with resume=last, or train into "
+            "another folder (a new paths.run_dir=..., or none: each job then gets its own)"
+        )
+
+
 def check_settings(cfg: DictConfig) -> None:
     """Settings that Lightning would take without complaint or refuse without naming them,
     checked before any work: the seed, ``trainer.max_epochs`` and each callback's
@@ -271,10 +294,11 @@ def check_settings(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
+    check_run_folder(cfg)
     check_settings(cfg)
     check_model_settings(cfg)
     pl.seed_everything(cfg.seed, workers=True)
-    prepared_dir = Path(cfg.data.prepared_dir) if cfg.data.prepared_dir else prepare.run(cfg)
+    prepared_dir = prepare.prepared(cfg)
     datamodule = build_datamodule(cfg, prepared_dir)
     encoder = build_encoder(cfg, datamodule)
     # a partial, so the (large, plain) checkpoint_extra is not copied into an OmegaConf node

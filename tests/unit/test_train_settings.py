@@ -48,3 +48,19 @@ def test_the_trial_build_takes_the_shipped_settings(make_config, overrides):
     """No false refusal: the presets and losses pass the trial build (its catalogue of
     TRIAL_ITEMS items is larger than any bound a setting has on it)."""
     train.check_model_settings(make_config("config", ["experiment=tiny", *overrides]))
+
+
+def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_path):
+    """``data.prepared_dir`` with a data override the folder was not prepared with is refused
+    (the override would be logged as a run parameter while the folder's settings apply)."""
+    folder = prepare.run(make_config("config", ["experiment=tiny"]), tmp_path / "prepared")
+    reuse = ["experiment=tiny", f"data.prepared_dir={folder}"]
+    assert prepare.prepared(make_config("config", reuse)) == folder
+    for override, difference in (
+        ("data.split.method=leave_one_out", "data.split.method: prepared 'temporal', config 'le"),
+        ("data.time_buckets.unit_seconds=86400", "config 86400"),
+        ("data.behaviors=[view,purchase]", "data.behaviors: prepared ['view', 'click', 'cart'"),
+    ):
+        with pytest.raises(ValueError, match="was prepared with other data settings") as info:
+            train.run(make_config("config", [*reuse, override]))
+        assert difference in str(info.value)
