@@ -118,7 +118,7 @@ def run(
             f"{prepared_dir} was prepared with another vocabulary than checkpoint {model.path} "
             "(different data or data settings): evaluate on the data the model was trained on"
         )
-    device = pick_device(cfg.trainer.accelerator)
+    device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
     datamodule.setup()
     store, train_counts = datamodule.store, model.vocab.item_train_counts()
     stats = datamodule.stats

@@ -57,6 +57,7 @@ def check_options(
     options = ScoringOptions(**{k: v for k, v in retrieval.items() if k not in NOT_SCORING_OPTIONS})
     rules = Rules.from_options(retrieval.get("rules"), behaviors=behaviors)
     rules.check_list_files()
+    pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
     return options, rules
 
 
@@ -251,7 +252,7 @@ def run(
         job=job,
         overwrite=bool(output_cfg.get("overwrite", False)),
     )
-    device = pick_device(retrieval.get("accelerator", "auto"))
+    device = pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
     timings = {}
     if not output.complete:
         recommender = Recommender(model, data, rules=rules, options=options, device=device)

@@ -10,10 +10,19 @@ from tqdm.auto import tqdm
 from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
 
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
-def pick_device(accelerator: str = "auto") -> torch.device:
-    """ "auto" takes a GPU when there is one; "cpu" / "gpu" / "cuda" force the choice."""
+
+def pick_device(accelerator: str = "auto", *, option: str = "accelerator") -> torch.device:
+    """ "auto" takes a GPU when there is one; "cpu" / "gpu" / "cuda" force the choice. Another
+    name, or a GPU asked for where there is none, is refused naming ``option``."""
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"{option}={accelerator!r}: use one of {list(ACCELERATORS)}")
     if accelerator in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{option}={accelerator}: this machine has no CUDA GPU; use auto or cpu"
+            )
         return torch.device("cuda")
     if accelerator == "auto" and torch.cuda.is_available():
         return torch.device("cuda")

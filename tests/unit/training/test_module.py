@@ -17,7 +17,7 @@ from recsys.model import ATRank
 from recsys.model.sasrec import SASRec
 from recsys.retrieval.ranker import apply_seen_policy, seen_mask
 from recsys.training import losses
-from recsys.training.evaluation import evaluate
+from recsys.training.evaluation import evaluate, pick_device
 from recsys.training.metrics import CoverageAccumulator, known_target_shares, sampled_ranks
 from recsys.training.module import SeqRecModule, earlier_items
 
@@ -556,3 +556,13 @@ def test_lightning_validation_reports_the_same_means_as_evaluate():
     assert reported["miss"]["val/mrr"] == pytest.approx(0.5 * reported["skip"]["val/mrr"])
     assert reported["skip"]["val/mrr"] > 0
     assert reported["miss"]["val/coverage_at_5"] == reported["skip"]["val/coverage_at_5"]
+
+
+def test_pick_device_refuses_unknown_names_and_a_missing_gpu(monkeypatch):
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"retrieval.accelerator='tpu': use one of \['auto'"):
+        pick_device("tpu", option="retrieval.accelerator")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="trainer.accelerator=gpu: this machine has no CUDA GPU"):
+        pick_device("gpu", option="trainer.accelerator")
