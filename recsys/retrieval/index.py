@@ -78,6 +78,8 @@ def chunked_topk(
     """Top-``depth`` of ``score_chunk(start, end) -> (B, end - start)`` (a new tensor, which
     is modified in place) over items ``0 .. num_items - 1``, one chunk at a time: each chunk's
     own top-``depth`` is merged into the running best, so memory is one chunk of scores.
+    Scores are compared in float32, or in float64 when ``score_chunk`` gives float64 (a key
+    too fine for float32, e.g. one without ties).
 
     Shapes: blocked (num_items,) bool, True = never returned; exclude (B, T) item indices.
     Returns scores (B, depth) best first and items (B, depth) long.
@@ -86,7 +88,7 @@ def chunked_topk(
     for start in range(0, num_items, item_chunk_size):
         end = min(start + item_chunk_size, num_items)
         scores = score_chunk(start, end)  # (B, C)
-        if scores.dtype != torch.float32:
+        if scores.dtype not in (torch.float32, torch.float64):
             scores = scores.float()
         scores.masked_fill_(blocked[start:end], -math.inf)
         if exclude is not None:

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 
 import polars as pl
@@ -36,16 +36,21 @@ def job_key(job: dict) -> str:
 
 
 def write_atomically(path: str | Path, write) -> None:
-    """``write(tmp)`` into a temporary file beside ``path``, then rename it to ``path``: a reader
-    never sees a partial file, and a failed write leaves none behind."""
+    """``write(tmp)`` into a temporary file beside ``path`` (``tmp``: its path as text), then
+    rename it to ``path``: a reader never sees a partial file, and a failed write leaves none
+    behind.
+
+    The temporary file is created as ``open()`` creates a file (mode 0666 less the process
+    umask), not as ``tempfile.mkstemp`` does (0600, owner only), so the output can be read by
+    whoever may read a file written in place (e.g. a downstream job under another account)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     try:
-        write(tmp)
+        write(str(tmp))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

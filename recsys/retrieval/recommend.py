@@ -11,11 +11,19 @@ Per user, best first:
 2. **category_popularity** / **popularity** — the cold-start fallback, for users without a
    usable history and to fill lists the rules left short: items ranked first by how many of
    the user's events fall in their category, then by recent popularity
-   (:class:`~recsys.retrieval.catalogue.Catalogue`). A row's ``source`` is
+   (:class:`~recsys.retrieval.catalogue.Catalogue`), then by catalogue index (ties never go
+   by chance). Model candidates of a model user are not offered again. A row's ``source`` is
    ``category_popularity`` when the item shares a category with the user's events, else
    ``popularity``. Items new in the log (no model key) can only come from here.
 
-The same rules apply to every source. Output columns (long format, one row per user and rank)::
+The same rules apply to every source. Each user gets ``top_k`` rows, fewer only where the rules
+leave fewer items: a ``top_k`` beyond the items the job may recommend (the model's and the
+log's new ones, within the allow and deny lists), less the user's excluded items, or a category
+cap over too few categories. A user left with no item gets no row (a warning counts them). A
+user's list does not depend on the other users of its batch, nor on ``batch_size`` (beyond the
+float rounding of the encoder's batched arithmetic).
+
+Output columns (long format, one row per user and rank)::
 
     user_id  rank  item_id  score  source  explain_1_item_id  explain_1_behavior
     explain_1_timestamp  explain_1_weight  ...  explain_3_weight  item_category
@@ -160,10 +168,26 @@ class Recommender:
         self.encoder = model.encoder.to(self.device).eval()
         catalogue = data.catalogue
         self.blocked = rules.blocked(catalogue).to(self.device)
+        recommendable = int((~self.blocked).sum())
+        if options.top_k > recommendable:
+            log.warning(
+                "retrieval.top_k=%d exceeds the %d items this job may recommend (the model's "
+                "and the log's new items, within retrieval.rules.allow_list / deny_list): each "
+                "list holds at most %d, fewer where the user's own items are excluded "
+                "(retrieval.rules.exclude)",
+                options.top_k,
+                recommendable,
+                recommendable,
+            )
         self.category = catalogue.category.to(self.device)
         pop = catalogue.popularity.double().log1p()
         # in [0, 1): a popularity order that never outweighs one shared-category event
         self.popularity = (pop / (pop.max() + 1.0)).float().to(self.device)
+        # the fallback's order among equal popularity: the lower catalogue index first
+        order = torch.sort(self.popularity.cpu(), descending=True, stable=True).indices
+        self.popularity_rank = torch.empty(catalogue.size, dtype=torch.float64)
+        self.popularity_rank[order] = torch.arange(catalogue.size - 1, -1, -1, dtype=torch.float64)
+        self.popularity_rank = self.popularity_rank.to(self.device)  # (I_c,) larger = first
         excluded = rules.excluded_behaviors(model.vocab.behaviors)
         self.exclude_event = None if excluded is None else np.isin(data.store.behavior, excluded)
         self.known = data.known_events
@@ -234,32 +258,47 @@ class Recommender:
         return items, scores, output, batch
 
     @torch.no_grad()
-    def _fallback(self, rows: np.ndarray, also_exclude: torch.Tensor | None):
+    def _fallback(self, rows: np.ndarray, before: tuple[torch.Tensor, torch.Tensor] | None):
         """Cold-start candidates for ``rows``: (B, D) items, scores and a source code per item
-        (1 = category_popularity, 2 = popularity)."""
+        (1 = category_popularity, 2 = popularity). ``before``: (items, valid) (B, D'), the
+        model's candidates ahead of them in each row's list (None: no row has any). The
+        valid ones are not offered again; invalid ones (a cold user's row, none left) exclude
+        nothing."""
         history = self.data.store.history(self.data.catalogue_index, rows)
         history = history.to(self.device)  # (B, L)
         counts = torch.zeros(len(rows), self.data.catalogue.num_categories, device=self.device)
         counts.scatter_add_(1, self.category[history], (history >= NUM_RESERVED).float())
         counts[:, 0] = 0  # "no category" is not a shared category
 
-        def score_chunk(start: int, end: int) -> torch.Tensor:
-            return counts[:, self.category[start:end]] + self.popularity[start:end]  # (B, C)
+        size = self.data.catalogue.size
+        shared_events = counts.double() * size
+
+        def rank_chunk(start: int, end: int) -> torch.Tensor:
+            """The score's order with no ties: shared-category events, then popularity, then
+            the lower catalogue index; exact in float64 (events x size < 2^53). torch.topk
+            breaks ties by chance, differently at each depth, and the depth is set by the
+            batch's other rows, so tied items would depend on the batch."""
+            category = self.category[start:end]
+            return shared_events[:, category] + self.popularity_rank[start:end]  # (B, C)
+
+        def score(items: torch.Tensor) -> torch.Tensor:
+            return counts.gather(1, self.category[items]) + self.popularity[items]  # (B, D)
 
         exclude = self._excluded(rows)
-        if also_exclude is not None:
-            exclude = also_exclude if exclude is None else torch.cat([exclude, also_exclude], 1)
-        size = self.data.catalogue.size
+        if before is not None:
+            listed = before[0].masked_fill(~before[1], PAD_IDX)  # (B, D')
+            exclude = listed if exclude is None else torch.cat([exclude, listed], 1)
 
         def search(depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return chunked_topk(
-                score_chunk,
+            ranks, items = chunked_topk(
+                rank_chunk,
                 size,
                 depth,
                 blocked=self.blocked,
                 exclude=exclude,
                 item_chunk_size=self.options.item_chunk_size,
             )
+            return score(items).masked_fill(torch.isneginf(ranks), -math.inf), items
 
         scores, items = self._deep_enough(search, size)
         shared = counts.gather(1, self.category[items]) > 0
@@ -272,40 +311,48 @@ class Recommender:
             self._recommend_batch(rows[i : i + self.options.batch_size])
             for i in range(0, len(rows), self.options.batch_size)
         ]
-        return pl.concat(frames) if frames else self.empty()
+        frame = pl.concat(frames) if frames else self.empty()
+        listed = int((frame["rank"] == 1).sum())
+        if listed < len(rows):
+            log.warning(
+                "%d of %d users got no recommendation: the rules leave them no item (what "
+                "retrieval.rules.allow_list allows, less deny_list, is all excluded for them by "
+                "retrieval.rules.exclude); widen the allow list or relax exclude",
+                len(rows) - listed,
+                len(rows),
+            )
+        return frame
 
     def empty(self) -> pl.DataFrame:
         return self._frame(np.zeros(0, np.int64), *(np.zeros(0),) * 4, None)
 
     def _recommend_batch(self, rows: np.ndarray) -> pl.DataFrame:
+        """One batch of store rows: each row's model candidates (users with ``min_history``
+        known events), then the fallback's for rows the rules left short of ``top_k``."""
         o, device = self.options, self.device
         k = o.top_k
-        model_row = torch.from_numpy(self.known[rows] >= o.min_history).to(device)  # (B,)
         batch_size = len(rows)
+        (model_at,) = np.nonzero(self.known[rows] >= o.min_history)  # (M,) model rows
         items = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
         scores = torch.zeros(batch_size, 0, device=device)
-        source = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
-        output = batch = None
-        if bool(model_row.any()):
-            items, scores, output, batch = self._model_candidates(rows)
-            scores = scores.masked_fill(~model_row[:, None], -math.inf)
-            source = torch.zeros_like(items)
+        if len(model_at):
+            # only model users are encoded and searched: a cold row has no model candidate
+            # (PAD at -inf), so nothing the model would have offered it leaves its fallback
+            at = torch.from_numpy(model_at).to(device)
+            m_items, m_scores, output, batch = self._model_candidates(rows[model_at])
+            items = _spread(m_items, at, batch_size, PAD_IDX)
+            scores = _spread(m_scores, at, batch_size, -math.inf)
+        source = torch.zeros_like(items)
         valid = ~torch.isneginf(scores)
         kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
         need = kept.sum(dim=1) < k
         if bool(need.any()):
-            fill_rows = torch.nonzero(need).squeeze(1).cpu().numpy()
-            also = None if items.shape[1] == 0 else items[fill_rows]
-            f_items, f_scores, f_source = self._fallback(rows[fill_rows], also)
-            width = f_items.shape[1]
-            pad_items = torch.zeros(batch_size, width, dtype=torch.long, device=device)
-            pad_scores = torch.full((batch_size, width), -math.inf, device=device)
-            pad_source = torch.zeros(batch_size, width, dtype=torch.long, device=device)
-            index = torch.from_numpy(fill_rows).to(device)
-            pad_items[index], pad_scores[index], pad_source[index] = f_items, f_scores, f_source
-            items = torch.cat([items, pad_items], dim=1)
-            scores = torch.cat([scores, pad_scores], dim=1)
-            source = torch.cat([source, pad_source], dim=1)
+            fill = torch.nonzero(need).squeeze(1)  # (F,)
+            before = None if items.shape[1] == 0 else (items[fill], valid[fill])
+            f_items, f_scores, f_source = self._fallback(rows[fill.cpu().numpy()], before)
+            items = torch.cat([items, _spread(f_items, fill, batch_size, PAD_IDX)], dim=1)
+            scores = torch.cat([scores, _spread(f_scores, fill, batch_size, -math.inf)], dim=1)
+            source = torch.cat([source, _spread(f_source, fill, batch_size, 0)], dim=1)
             valid = ~torch.isneginf(scores)
             kept = cap_per_category(items, self.category, valid, self.rules.max_per_category)
         chosen = take_first(kept, k)  # (B, K), -1 = none
@@ -313,8 +360,12 @@ class Recommender:
         safe = chosen.clamp(min=0)
         items, scores, source = (t.gather(1, safe) for t in (items, scores, source))
         explanations = None
-        if o.explanations and output is not None:
-            explanations = self._explain(items, source, output, batch, rows)
+        if o.explanations and len(model_at):
+            flat, weights = self._explain(items[at], source[at], output, batch, rows[model_at])
+            explanations = (
+                _spread(flat, at, batch_size, -1).cpu().numpy(),
+                _spread(weights, at, batch_size, 0.0).float().cpu().numpy(),
+            )
         has_np = has.cpu().numpy()
         user_rows = np.repeat(rows, has_np.sum(axis=1))
         ranks = np.broadcast_to(np.arange(1, k + 1), has_np.shape)[has_np]
@@ -328,8 +379,10 @@ class Recommender:
         )
 
     def _explain(self, items, source, output, batch, rows):
-        """Top ``explanations`` history events by target-attention weight for each model item:
-        flat event indices (B, K, c) (-1 = none) and weights (B, K, c)."""
+        """Top ``explanations`` (E) history events by target-attention weight for each model
+        item: flat event indices (B, K, E) (-1 = none) and weights (B, K, E) (0 = none), on
+        the device. E columns whatever the batch: a batch whose longest window holds fewer
+        than E events has its last columns empty."""
         candidates = torch.where(
             (source == 0) & (items < self.num_model_items), items, PAD_IDX
         )  # (B, K)
@@ -344,7 +397,10 @@ class Recommender:
         start = torch.from_numpy(self.rows.start[rows]).to(self.device)
         flat = start[:, None, None] + position - (width - lengths)[:, None, None]
         flat = torch.where(top_weights > 0, flat, -1)
-        return flat.cpu().numpy(), top_weights.float().cpu().numpy()
+        missing = self.options.explanations - count  # windows shorter than E
+        flat = torch.nn.functional.pad(flat, (0, missing), value=-1)
+        top_weights = torch.nn.functional.pad(top_weights, (0, missing), value=0.0)
+        return flat, top_weights
 
     def _frame(self, user_rows, ranks, items, scores, source, explanations) -> pl.DataFrame:
         catalogue = self.data.catalogue
@@ -384,6 +440,13 @@ class Recommender:
         return frame.with_columns(catalogue.categories(items).alias(ITEM_CATEGORY)).select(
             self.options.columns
         )
+
+
+def _spread(values: torch.Tensor, at: torch.Tensor, size: int, fill) -> torch.Tensor:
+    """``values`` (M, ...) as rows ``at`` (M,) of a (size, ...) tensor, ``fill`` elsewhere."""
+    out = values.new_full((size, *values.shape[1:]), fill)
+    out[at] = values
+    return out
 
 
 __all__ = [

@@ -185,11 +185,13 @@ def cap_per_category(
 
 
 def take_first(keep: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions (B, k) of the first ``k`` True entries per row (-1 where a row has fewer).
+    """Positions (B, k) of the first ``k`` True entries per row (-1 where a row has fewer,
+    also when there are fewer than ``k`` candidates: D < k).
 
     Shapes: keep (B, D) bool."""
     depth = keep.shape[1]
     position = torch.arange(depth, device=keep.device).expand_as(keep)
     ranked = torch.where(keep, position, depth + position)  # kept first, in order
     chosen = ranked.argsort(dim=1)[:, :k]
-    return torch.where(keep.gather(1, chosen), chosen, -1)
+    chosen = torch.where(keep.gather(1, chosen), chosen, -1)
+    return torch.nn.functional.pad(chosen, (0, k - chosen.shape[1]), value=-1)

@@ -72,14 +72,7 @@ def settings(retrieval: Mapping[str, Any] | None, model: LoadedModel):
             f"predict {list(trained)}: score with a model trained for {target!r} "
             f"(training.behavior_weights={{{target}: 1}}) or drop the rule"
         )
-    if options.top_k > model.vocab.items.height and rules.allow_list is None:
-        log.warning(
-            "retrieval.top_k=%d exceeds the model's %d items: lists are filled by the "
-            "popularity fallback",
-            options.top_k,
-            model.vocab.items.height,
-        )
-    return options, rules
+    return options, rules  # (a top_k beyond what the job may recommend: the Recommender warns)
 
 
 def check_columns(model: LoadedModel, schema: EventSchema) -> None:

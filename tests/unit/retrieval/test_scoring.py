@@ -1,5 +1,6 @@
 """The scoring job's pieces: index, rules, cold start, explanations (in memory)."""
 
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -123,8 +124,12 @@ def test_max_per_category(setup):
     assert capped.height == events[USER].n_unique() * TOP_K  # the cap looks deeper, not shorter
 
 
-def test_cold_start_rows_are_labelled(setup):
-    model, events = setup
+COLD_USERS = [900_001, 900_002]
+
+
+def with_cold_users(events: pl.DataFrame) -> pl.DataFrame:
+    """``events`` plus two users whose events are only on items the model never saw: 900_001
+    (two events in a known category) and 900_002 (one in a new category)."""
     last = events[TIMESTAMP].max()
     known_category = events["category"][0]
     new_events = pl.DataFrame(
@@ -137,7 +142,13 @@ def test_cold_start_rows_are_labelled(setup):
         },
         schema=events.schema,
     )
-    frame = _score(model, pl.concat([events, new_events]))
+    return pl.concat([events, new_events])
+
+
+def test_cold_start_rows_are_labelled(setup):
+    model, events = setup
+    known_category = events["category"][0]
+    frame = _score(model, with_cold_users(events))
     cold = frame.filter(pl.col(USER).is_in([900_001, 900_002]))
     assert cold.height == 2 * TOP_K
     assert set(cold["source"].to_list()) <= {"category_popularity", "popularity"}
@@ -149,6 +160,92 @@ def test_cold_start_rows_are_labelled(setup):
     assert frame.filter(~pl.col(USER).is_in([900_001, 900_002]))["source"].unique().to_list() == [
         "model"
     ]
+
+
+def _first_events(events: pl.DataFrame, count: int) -> pl.DataFrame:
+    """Each user's first ``count`` events."""
+    return events.sort(TIMESTAMP).filter(pl.int_range(pl.len()).over(USER) < count)
+
+
+def _rows_per_user(frame: pl.DataFrame) -> dict:
+    return dict(frame.group_by(USER).len().iter_rows())
+
+
+def _items_left(model, log: pl.DataFrame, allowed=None, cap=None) -> dict:
+    """Per user of ``log``: how many items of the catalogue (the model's and the log's new
+    ones; only ``allowed`` ones when given) the user has not seen, at most ``cap`` of each
+    category (the log's ``category`` of the item)."""
+    catalogue = set(model.vocab.items[ITEM].to_list()) | set(log[ITEM].to_list())
+    if allowed is not None:
+        catalogue &= set(allowed)
+    category = dict(log.group_by(ITEM).agg(pl.col("category").first()).iter_rows())
+    assert cap is None or catalogue <= set(category)  # every item's category is known here
+    seen = log.group_by(USER).agg(pl.col(ITEM).unique())
+    left = {}
+    for user, items in seen.iter_rows():
+        per_category = Counter(category.get(item) for item in catalogue - set(items))
+        left[user] = sum(min(n, cap or n) for n in per_category.values())
+    return left
+
+
+@pytest.mark.parametrize(
+    "retrieval",
+    [
+        {},
+        {"top_k": 20, "rules": {"max_per_category": 2}},
+        # most users cold: fallback lists, where items of equal popularity tie
+        {"min_history": 40, "rules": {"max_per_category": 2}},
+    ],
+    ids=["plain", "capped", "mostly-cold"],
+)
+def test_lists_do_not_depend_on_the_batch(setup, retrieval):
+    """A user's list is the same scored alone, beside a few users or beside all of them: a
+    cold user's fallback once lost the items the model would have offered it (computed for
+    its row, then masked), and items tied in the fallback's score went to whichever the
+    search depth (set by the batch's other rows) made torch.topk pick."""
+    model, events = setup
+    log = with_cold_users(events)
+    alone, *others = (
+        _score(model, log, batch_size=size, explanations=0, **retrieval) for size in (1, 7, 512)
+    )
+    for frame in others:
+        assert frame.drop("score").equals(alone.drop("score"))
+        # the encoder's float noise between batch shapes, nothing more
+        np.testing.assert_allclose(frame["score"], alone["score"], rtol=1e-5, atol=1e-5)
+    cap = retrieval.get("rules", {}).get("max_per_category")
+    left = _items_left(model, log, cap=cap)
+    top_k = retrieval.get("top_k", TOP_K)
+    assert all(_rows_per_user(alone)[user] == min(top_k, left[user]) for user in COLD_USERS)
+
+
+@pytest.mark.parametrize("batch_size", [1, 512])
+def test_every_user_gets_the_items_left_when_top_k_or_an_allow_list_asks_for_more(
+    setup, batch_size, caplog
+):
+    """top_k beyond the catalogue, or an allow list shorter than top_k: each user (cold ones
+    too) gets every item the rules leave, and a user left with none is named in a warning."""
+    model, events = setup
+    log = with_cold_users(events)
+    frame = _score(model, log, top_k=200, batch_size=batch_size, explanations=0)
+    assert _rows_per_user(frame) == _items_left(model, log)
+    ranks = frame.group_by(USER).agg("rank")["rank"].to_list()
+    assert all(r == list(range(1, len(r) + 1)) for r in ranks)
+    allowed = model.vocab.items[ITEM].head(5).to_list()
+    with caplog.at_level("WARNING", logger="recsys.retrieval.recommend"):
+        frame = _score(model, log, rules={"allow_list": allowed}, batch_size=batch_size)
+    left = _items_left(model, log, allowed)
+    assert _rows_per_user(frame) == {u: min(n, TOP_K) for u, n in left.items() if n}
+    assert all(_rows_per_user(frame)[user] == len(allowed) for user in COLD_USERS)
+    empty = sum(n == 0 for n in left.values())
+    assert empty > 0 and f"{empty} of {len(left)} users got no recommendation" in caplog.text
+
+
+def test_a_batch_of_cold_users_only_with_top_k_beyond_the_catalogue(setup):
+    model, events = setup
+    short = _first_events(events, 2)
+    frame = _score(model, short, top_k=200, min_history=5, explanations=0)
+    assert set(frame["source"].to_list()) <= {"category_popularity", "popularity"}
+    assert _rows_per_user(frame) == _items_left(model, short)
 
 
 def test_new_items_come_only_from_the_fallback(setup):
@@ -197,6 +294,20 @@ def test_explanations_point_to_events_in_the_users_history(setup):
     assert np.all(weights.sum(axis=1) <= 1 + 1e-5)
     short = _score(model, events, explanations=1)
     assert [c for c in short.columns if c.startswith("explain_")][-1] == "explain_1_weight"
+
+
+@pytest.mark.parametrize("batch_size", [1, 512])
+def test_users_with_fewer_events_than_explanations_get_null_explanations(setup, batch_size):
+    """Every user of a batch with fewer events than ``explanations`` (3): the missing
+    explanations are nulls, and the columns are those of any other batch."""
+    model, events = setup
+    short = _first_events(events, 2)
+    frame = _score(model, short, batch_size=batch_size)
+    assert frame.schema == _score(model, events).schema
+    assert frame.height == short[USER].n_unique() * TOP_K
+    assert frame["explain_1_item_id"].null_count() < frame.height
+    third = frame.select(pl.col("^explain_3_.*$").null_count())
+    assert third.row(0) == (frame.height,) * 4
 
 
 def test_sasrec_scores_and_explains(setup):
@@ -346,6 +457,7 @@ def test_cap_per_category_keeps_the_best_of_each_category():
     keep = cap_per_category(items, category, valid, cap=1)
     assert keep.tolist() == [[True, False, True, False, True, False]]
     assert take_first(keep, 4).tolist() == [[0, 2, 4, -1]]
+    assert take_first(keep, 8).tolist() == [[0, 2, 4] + [-1] * 5]  # fewer candidates than k
 
 
 def test_faiss_flat_index_agrees_with_exact():
