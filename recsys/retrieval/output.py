@@ -54,15 +54,22 @@ def write_atomically(path: str | Path, write) -> None:
         raise
 
 
+def check_formats(formats) -> list[str]:
+    """``retrieval.output.formats`` as a list, refused unless it holds parquet and only
+    known formats."""
+    formats = [formats] if isinstance(formats, str) else list(formats)
+    wrong = [f for f in formats if f not in FORMATS]
+    if wrong or not formats or "parquet" not in formats:
+        raise ValueError(
+            f"retrieval.output.formats={formats}: parquet is always written; add csv "
+            f"for CSV too (choices {list(FORMATS)})"
+        )
+    return formats
+
+
 class PartitionedOutput:
     def __init__(self, path: str | Path, *, formats, job: dict, overwrite: bool = False):
-        formats = [formats] if isinstance(formats, str) else list(formats)
-        wrong = [f for f in formats if f not in FORMATS]
-        if wrong or not formats or "parquet" not in formats:
-            raise ValueError(
-                f"retrieval.output.formats={formats}: parquet is always written; add csv "
-                f"for CSV too (choices {list(FORMATS)})"
-            )
+        formats = check_formats(formats)
         self.formats = formats
         self.path = Path(path).expanduser().absolute()
         self.staging = self.path.parent / f".{self.path.name}.partial"

@@ -46,7 +46,7 @@ from recsys.checkpoint import LoadedModel
 from recsys.data.dataset import SequenceStore, TargetRows
 from recsys.data.pipeline import scoring_events, scoring_sequences
 from recsys.retrieval.catalogue import ITEM_CATEGORY, Catalogue
-from recsys.retrieval.index import build_index, chunked_topk
+from recsys.retrieval.index import INDEXES, build_index, chunked_topk
 from recsys.retrieval.ranker import rerank_head
 from recsys.retrieval.rules import Rules, cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, USER
@@ -92,6 +92,8 @@ class ScoringOptions:
             raise ValueError(
                 f"retrieval.explanations={self.explanations!r} must be 0..{MAX_EXPLANATIONS}"
             )
+        if self.index not in INDEXES:
+            raise ValueError(f"retrieval.index={self.index!r}: use one of {list(INDEXES)}")
         if self.popularity_days is not None and not self.popularity_days > 0:
             raise ValueError(
                 f"retrieval.popularity_days={self.popularity_days!r} must be > 0 or null (all)"

@@ -73,6 +73,11 @@ class Rules:
             for k in ("allow_list", "deny_list")
             if (v := options.get(k)) is not None
         }
+        if lists.get("allow_list") in ((), ""):
+            raise ValueError(
+                "retrieval.rules.allow_list is empty, which allows no item: list item ids "
+                "(inline or a file), or set it to null to allow every item"
+            )
         return cls(
             exclude=exclude,
             max_per_category=cap,

@@ -25,7 +25,8 @@ class MainResult:
 
 def run(cfg: DictConfig) -> MainResult:
     # the scoring settings need no model: a mistake there should not cost a training
-    score.check_options(cfg.retrieval, behaviors=event_schema(cfg.data).behaviors)
+    behaviors = event_schema(cfg.data).behaviors
+    score.check_options(cfg.retrieval, behaviors, train.trained_targets(cfg, behaviors))
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
     with use_tracker(None, cfg.logger, **run_settings) as tracker:

@@ -27,7 +27,7 @@ from recsys.config import event_schema, prepare_settings, to_container
 from recsys.data.io import DataError, EventSource
 from recsys.data.pipeline import events_fingerprint, load_events
 from recsys.data.validate import parse_instant
-from recsys.retrieval.output import PartitionedOutput
+from recsys.retrieval.output import PartitionedOutput, check_formats
 from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
 from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
@@ -44,11 +44,15 @@ NOT_SCORING_OPTIONS = ("rules", "output", "as_of", "accelerator")
 
 
 def check_options(
-    retrieval: Mapping[str, Any] | None, behaviors: Sequence[str]
+    retrieval: Mapping[str, Any] | None,
+    behaviors: Sequence[str],
+    trained: Sequence[str] | None = None,
 ) -> tuple[ScoringOptions, Rules]:
     """``conf/retrieval`` -> (:class:`ScoringOptions`, :class:`Rules`): unknown keys, values
-    out of range, rules naming behaviours outside ``behaviors`` and list files that do not
-    exist are refused. Needs no model, so the main job checks before it trains."""
+    out of range, rules naming behaviours outside ``behaviors`` or a target behaviour outside
+    ``trained`` (the behaviours the model learns to predict), list files that do not exist,
+    output formats, ``as_of`` and the accelerator are refused. Needs no model, so the main job
+    checks before it trains."""
     retrieval = dict(to_container(retrieval) or {})
     known = set(ScoringOptions.__dataclass_fields__) | set(NOT_SCORING_OPTIONS)
     unknown = sorted(set(retrieval) - known)
@@ -57,22 +61,22 @@ def check_options(
     options = ScoringOptions(**{k: v for k, v in retrieval.items() if k not in NOT_SCORING_OPTIONS})
     rules = Rules.from_options(retrieval.get("rules"), behaviors=behaviors)
     rules.check_list_files()
+    target = rules.target_behavior
+    if target is not None and trained is not None and target not in trained:
+        raise ValueError(
+            f"retrieval.rules.target_behavior={target!r}, but the model is trained to predict "
+            f"{list(trained)}: score with a model trained for {target!r} "
+            f"(training.behavior_weights={{{target}: 1}}) or drop the rule"
+        )
+    check_formats((retrieval.get("output") or {}).get("formats", ["parquet"]))
+    parse_instant(retrieval.get("as_of"), option="retrieval.as_of")
     pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
     return options, rules
 
 
 def settings(retrieval: Mapping[str, Any] | None, model: LoadedModel):
-    """:func:`check_options`, then against the model: a target behaviour it never learned to
-    predict is refused."""
-    options, rules = check_options(retrieval, model.vocab.behaviors)
-    target, trained = rules.target_behavior, model.target_behaviors
-    if target is not None and trained is not None and target not in trained:
-        raise ValueError(
-            f"retrieval.rules.target_behavior={target!r}, but {model.path} was trained to "
-            f"predict {list(trained)}: score with a model trained for {target!r} "
-            f"(training.behavior_weights={{{target}: 1}}) or drop the rule"
-        )
-    return options, rules  # (a top_k beyond what the job may recommend: the Recommender warns)
+    """:func:`check_options` for ``model``: its behaviours, and the ones it learned to predict."""
+    return check_options(retrieval, model.vocab.behaviors, model.target_behaviors)
 
 
 def check_columns(model: LoadedModel, schema: EventSchema) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,13 +135,13 @@ def data_arguments(vocab: Vocab, stats: Mapping[str, Any]) -> dict:
     }
 
 
-def trained_targets(cfg: DictConfig, vocab: Vocab) -> list[str]:
+def trained_targets(cfg: DictConfig, behaviors: Sequence[str]) -> list[str]:
     """The behaviours the model learns to predict: those with a positive
     ``training.behavior_weights`` weight (every behaviour when none are given)."""
     weights = cfg.training.get("behavior_weights") or {}
     if not weights:
-        return list(vocab.behaviors)
-    return [b for b in vocab.behaviors if float(weights.get(b, 0)) > 0]
+        return list(behaviors)
+    return [b for b in behaviors if float(weights.get(b, 0)) > 0]
 
 
 def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
@@ -311,7 +311,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
             time_buckets=datamodule.time_buckets,
             max_seq_len=cfg.data.max_seq_len,
             data_fingerprint=datamodule.stats["fingerprint"],
-            target_behaviors=trained_targets(cfg, datamodule.vocab),
+            target_behaviors=trained_targets(cfg, datamodule.vocab.behaviors),
         ),
     )
     resume = resume_checkpoint(cfg, encoder, datamodule.stats["fingerprint"])

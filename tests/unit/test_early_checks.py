@@ -1,12 +1,13 @@
-"""Model and training settings out of range are refused before the data is prepared
-(``train.check_model_settings``: a trial build with placeholder data sizes), naming the config
-key the user sets."""
+"""Settings refused before the work they would spoil: model and training settings before the
+data is prepared (``train.check_model_settings``: a trial build with placeholder data sizes),
+the main job's scoring settings before it trains, a reused prepared folder that does not match
+the data settings. Each message names the config key the user sets."""
 
 from __future__ import annotations
 
 import pytest
 
-from recsys.tasks import prepare, train
+from recsys.tasks import main, prepare, train
 
 
 @pytest.mark.parametrize(
@@ -64,3 +65,28 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
         with pytest.raises(ValueError, match="was prepared with other data settings") as info:
             train.run(make_config("config", [*reuse, override]))
         assert difference in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["retrieval.index=bogus"], r"retrieval.index='bogus': use one of \['exact', 'faiss'\]"),
+        (["retrieval.as_of=notadate"], r"retrieval.as_of='notadate' is not an ISO 8601 time"),
+        (["retrieval.output.formats=[json]"], r"retrieval.output.formats=\['json'\]: parquet"),
+        (["retrieval.rules.allow_list=[]"], r"allow_list is empty, which allows no item"),
+        (["retrieval.accelerator=tpu"], r"retrieval.accelerator='tpu': use one of"),
+        (
+            ["+training.behavior_weights={cart: 1.0}", "retrieval.rules.target_behavior=purchase"],
+            r"target_behavior='purchase', but the model is trained to predict \['cart'\]",
+        ),
+    ],
+)
+def test_the_main_job_checks_its_scoring_settings_before_it_trains(
+    make_config, monkeypatch, overrides, message
+):
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before the scoring settings were checked")
+
+    monkeypatch.setattr(train, "run", no_training)
+    with pytest.raises(ValueError, match=message):
+        main.run(make_config("config", ["experiment=tiny", "logger=none", *overrides]))
