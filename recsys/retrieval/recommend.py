@@ -127,6 +127,15 @@ class ScoringData:
         as_of=None,
     ) -> ScoringData:
         encoded = scoring_events(events, vocab=model.vocab, as_of=as_of)
+        if as_of is not None:
+            later = events[USER].n_unique() - encoded[USER].n_unique()
+            if later:
+                log.info(
+                    "%d users of the log have no event before retrieval.as_of=%s: nothing is "
+                    "known of them at that moment, so they get no recommendations",
+                    later,
+                    as_of.isoformat(),
+                )
         store = SequenceStore.from_frame(scoring_sequences(encoded))
         query_time = int(store.timestamp.max()) if as_of is None else int(as_of.timestamp())
         since = (

@@ -418,6 +418,17 @@ def test_as_of_limits_history(setup):
     assert early["timestamp"].explode().max() <= int(cut.timestamp())
 
 
+def test_users_with_no_event_before_as_of_are_counted_in_the_log(setup, caplog):
+    model, events = setup
+    first = events.group_by(USER).agg(pl.col(TIMESTAMP).min())[TIMESTAMP].sort()
+    cut = first[first.len() // 2]  # about half the users start after it
+    later = int((first > cut).sum())
+    with caplog.at_level("INFO", logger="recsys.retrieval.recommend"):
+        recs = recommend_frame(model, events, as_of=cut)
+    assert recs[USER].n_unique() == events[USER].n_unique() - later
+    assert f"{later} users of the log have no event before retrieval.as_of" in caplog.text
+
+
 # -- building blocks ---------------------------------------------------------------------------
 def test_chunked_exact_index_matches_brute_force():
     torch.manual_seed(0)
