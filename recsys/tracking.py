@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import weakref
 from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -261,14 +263,24 @@ def use_tracker(tracker: Tracker | None, logger_cfg: Mapping[str, Any] | None, *
     tracker.finish()
 
 
+class FetchedCheckpoint(type(Path())):
+    """A checkpoint copied out of the MLflow store into a temporary folder of its own, which
+    is removed with this path object: when its last holder drops it, at the latest when the
+    process exits. (A plain ``Path`` made from it, or its text, does not keep the copy.)"""
+
+
 def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path, dict[str, str]]:
     """Where the model named by ``model=`` is, as a local checkpoint file, and how it was found
     (tags for the scoring run). ``ref`` is one of:
 
-    - a checkpoint path (``.ckpt``);
+    - a checkpoint path (``.ckpt``): returned as it is;
     - ``<registered name>@<alias>`` or ``models:/<name>@<alias>``, or ``<name>/<version>``
       with the ``models:/`` prefix: the MLflow model registry;
     - an MLflow run id: that run's packaged model (``model/``), else its ``checkpoints/``.
+
+    A model from the store is copied into a temporary folder that goes with the returned
+    :class:`FetchedCheckpoint`: hold the path until the checkpoint is loaded (a scheduled job
+    of a GB model would otherwise leave a copy per run).
     """
     import tempfile
 
@@ -312,9 +324,23 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
     run_tracker = Tracker.from_config(logger_cfg, run_id=run_id)
     destination = tempfile.mkdtemp(prefix="recsys-model-")
     try:
+        checkpoint = _download_checkpoint(run_tracker, destination)
+    except BaseException:
+        shutil.rmtree(destination, ignore_errors=True)
+        raise
+    path = FetchedCheckpoint(checkpoint)
+    weakref.finalize(path, shutil.rmtree, destination, ignore_errors=True)
+    log.info("model of MLflow run %s fetched to %s (removed when done)", run_id, str(path))
+    return path, {**tags, "model.run_id": run_id}
+
+
+def _download_checkpoint(run_tracker: Tracker, destination: str) -> Path:
+    """The run's packaged checkpoint (``model/``), else its raw one (``checkpoints/``: a run
+    logged before models were packaged), downloaded under ``destination``."""
+    try:
         folder = run_tracker.download_artifacts(MODEL_ARTIFACT, destination)
         candidates = sorted(folder.rglob("*.ckpt"))
-    except Exception:  # a run logged before models were packaged: its raw checkpoint
+    except Exception:  # no packaged model
         candidates = []
     if not candidates:
         try:
@@ -324,6 +350,7 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
             candidates = []
     if not candidates:
         raise FileNotFoundError(
-            f"MLflow run {run_id} has no packaged model ({MODEL_ARTIFACT}/) and no checkpoint"
+            f"MLflow run {run_tracker.run_id} has no packaged model ({MODEL_ARTIFACT}/) and no "
+            "checkpoint"
         )
-    return candidates[0], {**tags, "model.run_id": run_id}
+    return candidates[0]

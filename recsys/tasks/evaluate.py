@@ -32,11 +32,11 @@ from recsys.training.module import SeqRecModule
 log = logging.getLogger(__name__)
 
 
-def load_model(ref: str | Path, logger_cfg) -> LoadedModel:
+def load_model(ref: str | Path, logger_cfg) -> tuple[LoadedModel, dict[str, str]]:
     """``ref``: a checkpoint path, an MLflow run id or a registered ``<name>@<alias>`` (see
-    :func:`recsys.tracking.resolve_model`)."""
-    path, _ = resolve_model(str(ref), logger_cfg)
-    return load_checkpoint(path)
+    :func:`recsys.tracking.resolve_model`) -> the model and how it was found (run tags)."""
+    path, tags = resolve_model(str(ref), logger_cfg)
+    return load_checkpoint(path), tags
 
 
 def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:
@@ -98,7 +98,7 @@ def run(
     tracker: Tracker | None = None,
     splits: tuple[str, ...] = ("test",),
 ) -> dict[str, float]:
-    model = load_model(checkpoint or cfg.model_ref, cfg.logger)
+    model, model_tags = load_model(checkpoint or cfg.model_ref, cfg.logger)
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,
@@ -150,7 +150,7 @@ def run(
             metrics.update({f"{split}/{prefix}{k}": v for k, v in values.items()})
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
         tracker.log_metrics(metrics)
-        tracker.set_tags(protocol_tags(cfg, datamodule))
+        tracker.set_tags({**protocol_tags(cfg, datamodule), **model_tags, "task": cfg.task_name})
     for split in splits:
         log.info(
             "%s NDCG@10 %.4f (popularity %.4f, transition %.4f), "

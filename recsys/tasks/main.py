@@ -24,6 +24,7 @@ class MainResult:
 
 
 def run(cfg: DictConfig) -> MainResult:
+    train.check_run_folder(cfg)  # before the MLflow run opens: a refusal leaves no run
     # the scoring settings need no model: a mistake there should not cost a training
     behaviors = event_schema(cfg.data).behaviors
     score.check_options(cfg.retrieval, behaviors, train.trained_targets(cfg, behaviors))

@@ -92,6 +92,7 @@ def test_main_job_mlflow_run(main_run):
         f"{stats['test_targets_unknown_item']} test)"
     )
     assert run.data.tags["data.fingerprint"] == stats["fingerprint"]
+    assert run.data.tags["task"] == "main"  # not the last task's name (score)
     for key in ("rows_read", "events", "users", "quarantined"):
         assert run.data.tags[f"data.{key}"] == str(stats[key]), key
 
@@ -155,6 +156,42 @@ def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_co
     )
     with pytest.raises(ValueError, match="not found in the MLflow model registry"):
         score.run(missing)
+
+
+def test_jobs_given_an_mlflow_model_leave_no_copy_of_it_behind(
+    main_run, make_config, tmp_path, monkeypatch
+):
+    """score and evaluate with model=<run id> or <name>@<alias> fetch the model out of the
+    MLflow store; the copy is gone when the job is (a scheduled job of a GB model would
+    otherwise fill the temporary folder)."""
+    import tempfile
+
+    cfg, result = main_run
+    run_id = result.run.split()[2]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the copies would go
+    common = [
+        *TINY_DATA,
+        "retrieval.rerank_top_n=20",
+        f"logger.tracking_uri={cfg.logger.tracking_uri}",
+    ]
+    for number, ref in enumerate([run_id, f"{REGISTERED}@champion"]):
+        output = f"retrieval.output.path={tmp_path}/recs{number}"
+        score.run(make_config("score", [f"model_ref={ref}", output, *common]))
+    evaluation = [f"model_ref={run_id}", *TINY_DATA, "training.rerank_top_n=20"]
+    evaluate.run(
+        make_config("evaluate", [*evaluation, f"logger.tracking_uri={cfg.logger.tracking_uri}"])
+    )
+    assert list(scratch.glob("recsys-model-*")) == []
+    # the evaluation's own run says which model it measured
+    client = MlflowClient(tracking_uri=cfg.logger.tracking_uri)
+    (evaluated,) = client.search_runs(
+        [r.experiment_id for r in client.search_experiments()], "tags.task = 'evaluate'"
+    )
+    assert evaluated.data.tags["model.run_id"] == run_id
+    assert evaluated.data.tags["model.uri"] == f"runs:/{run_id}/model"
+    assert "test/ndcg_at_10" in evaluated.data.metrics
 
 
 def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, tmp_path):
@@ -514,6 +551,73 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
         train.run(elsewhere)
 
 
+def test_training_into_a_run_folder_that_holds_a_training_is_refused_before_any_work(
+    make_config, monkeypatch
+):
+    """The same paths.run_dir again without resume would train fully beside the first
+    training (best-v1.ckpt), overwrite its scoring checkpoint and config, and leave a later
+    resume=last the old last.ckpt: refused before the data is prepared, naming the folder and
+    both fixes. resume=last, and a fresh folder, go on to the work."""
+    base = [*TINY, "logger=none", "trainer.max_epochs=1"]
+    first = train.run(make_config("config", base))
+    checkpoints = first.checkpoint.parent
+    before = {p: p.stat().st_mtime_ns for p in checkpoints.rglob("*") if p.is_file()}
+    assert {p.name for p in before} == {"best.ckpt", "last.ckpt", "model.ckpt"}
+
+    def no_preparation(*args, **kwargs):
+        raise AssertionError("the data was prepared")
+
+    monkeypatch.setattr(train.prepare, "run", no_preparation)
+    run_dir = checkpoints.parent
+    message = (
+        rf"paths.run_dir={run_dir} already holds a training \(checkpoints/best.ckpt, "
+        r"checkpoints/last.ckpt, checkpoints/scoring/model.ckpt\): continue it with "
+        r"resume=last, or train into another folder \(a new paths.run_dir=\.\.\., or none"
+    )
+    with pytest.raises(FileExistsError, match=message):
+        train.run(make_config("config", [*base, "model.d_model=32"]))
+    assert {p: p.stat().st_mtime_ns for p in checkpoints.rglob("*") if p.is_file()} == before
+
+    with pytest.raises(AssertionError, match="the data was prepared"):  # past the check
+        train.run(make_config("config", [*base, "resume=last"]))
+    fresh = make_config("config", [*base, f"paths.run_dir={run_dir.parent / 'another'}"])
+    with pytest.raises(AssertionError, match="the data was prepared"):
+        train.run(fresh)
+
+
+def test_default_run_folders_of_jobs_started_in_the_same_second_differ(monkeypatch):
+    """Two jobs started within one second (a scheduler firing two trainings) each get their
+    own run folder (and sweep folder), still named by their start time so they sort in start
+    order; the jobs of one -m sweep share its folder, one subfolder each (hydra.job.num)."""
+    from datetime import datetime
+
+    import hydra.core.utils
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    class Clock(datetime):
+        reading = datetime(2025, 1, 2, 3, 4, 5, 100_000)
+
+        @classmethod
+        def now(cls, tz=None):
+            return cls.reading
+
+    monkeypatch.setattr(hydra.core.utils, "datetime", Clock)  # what ${now:...} reads
+    folders = []
+    for reading in (Clock.reading, Clock.reading.replace(microsecond=900_000)):
+        Clock.reading = reading
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", ["paths.output_dir=/out"], return_hydra_config=True)
+        folders.append((cfg.hydra.run.dir, cfg.hydra.sweep.dir))
+    (run_a, sweep_a), (run_b, sweep_b) = folders
+    assert run_a != run_b and sweep_a != sweep_b
+    assert run_a < run_b and sweep_a < sweep_b
+    assert Path(run_a).parent == Path("/out/runs")
+    assert Path(sweep_a).parent == Path("/out/multiruns")
+    assert Path(run_a).name.startswith("2025-01-02_03-04-05")
+    assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.num}"
+
+
 def test_attribute_loss_trains_and_evaluates_beside_the_baselines(make_config):
     """training.attribute_loss_weight through the real tasks: the checkpoint records it, and
     the evaluation (whose popularity and transition baselines have no attributes) runs."""
@@ -529,7 +633,7 @@ def test_attribute_loss_trains_and_evaluates_beside_the_baselines(make_config):
     assert expected <= set(test)
 
 
-def test_faithful_preset_trains_on_every_prefix(make_config):
+def test_faithful_preset_trains_on_every_prefix(make_config, tmp_path):
     """data.loader.train_samples=prefixes: the non-causal reference encoder learns from every
     training target (one row each), through the real training task."""
     overrides = [
@@ -542,7 +646,10 @@ def test_faithful_preset_trains_on_every_prefix(make_config):
     trained = train.run(make_config("config", overrides))
     assert trained.checkpoint.exists()
     assert trained.best_val["best/val_ndcg_at_10"] >= 0
-    bad = make_config("config", [*TINY, "logger=none", "data.loader.train_samples=every"])
+    elsewhere = f"paths.run_dir={tmp_path / 'bad'}"  # (the first run's folder is taken)
+    bad = make_config(
+        "config", [*TINY, "logger=none", "data.loader.train_samples=every", elsewhere]
+    )
     with pytest.raises(ValueError, match=r"train_samples='every' is not supported"):
         train.run(bad)
 
@@ -569,7 +676,7 @@ def test_a_schedule_set_in_epochs_learns_the_epoch_length_from_the_trainer(make_
     assert state["_last_lr"][0] == pytest.approx(lr * 0.75)
 
 
-def test_same_target_contrastive_loss_trains_through_the_real_tasks(make_config):
+def test_same_target_contrastive_loss_trains_through_the_real_tasks(make_config, tmp_path):
     """training.contrastive_positive=same_target: the data module adds each row's same-target
     partner to the batch (the module refuses batches without them); without prefixes it is
     refused up front."""
@@ -588,7 +695,8 @@ def test_same_target_contrastive_loss_trains_through_the_real_tasks(make_config)
     best = torch.load(trained.checkpoint, map_location="cpu", weights_only=False)
     assert best["hyper_parameters"]["contrastive_positive"] == "same_target"
     assert trained.best_val["best/val_ndcg_at_10"] >= 0
-    bad = make_config("config", [*TINY, "logger=none", *same_target])
+    elsewhere = f"paths.run_dir={tmp_path / 'bad'}"  # (the first run's folder is taken)
+    bad = make_config("config", [*TINY, "logger=none", *same_target, elsewhere])
     with pytest.raises(ValueError, match=r"need data.loader.train_samples=prefixes"):
         train.run(bad)
 

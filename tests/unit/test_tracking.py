@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from recsys.tracking import Tracker, flatten
 
 
@@ -81,3 +83,60 @@ def test_continued_run_keeps_its_parameters_and_tags_the_changed_ones(tmp_path, 
     with caplog.at_level("WARNING", logger="recsys.tracking"):
         other = Tracker(tracking_uri=uri, experiment_name="e", continue_run_id="0" * 32)
     assert other.run_id not in (None, first.run_id) and "in a new run" in caplog.text
+
+
+def test_a_model_fetched_from_mlflow_is_removed_when_its_caller_is_done_with_it(
+    tmp_path, monkeypatch
+):
+    """resolve_model copies a run's (or a registered version's) checkpoint out of the store;
+    the copy goes once the caller drops the path it was given (a scheduled scoring job of a
+    GB model must not leave one in the temporary folder per run). A checkpoint path given
+    directly is the caller's file and stays."""
+    import tempfile
+
+    from recsys.tracking import MODEL_ARTIFACT, resolve_model
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the copies would go
+    logger = {
+        "enabled": True,
+        "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "artifact_root": str(tmp_path / "artifacts"),
+        "experiment_name": "e",
+        "registered_model_name": "m",
+    }
+    packaged = tmp_path / "packaged" / "artifacts"
+    packaged.mkdir(parents=True)
+    (packaged / "model.ckpt").write_bytes(b"weights")
+    with_model = Tracker.from_config(logger)
+    with_model.log_artifact(packaged.parent, MODEL_ARTIFACT)
+    source = f"{with_model.client.get_run(with_model.run_id).info.artifact_uri}/{MODEL_ARTIFACT}"
+    with_model.client.create_registered_model("m")
+    version = with_model.client.create_model_version("m", source, run_id=with_model.run_id)
+    with_model.client.set_registered_model_alias("m", "champion", version.version)
+    raw = tmp_path / "best.ckpt"  # a run logged before models were packaged: checkpoints/
+    raw.write_bytes(b"raw weights")
+    without_model = Tracker.from_config(logger)
+    without_model.log_artifact(raw, "checkpoints")
+
+    for ref, content in [
+        (with_model.run_id, b"weights"),
+        ("m@champion", b"weights"),
+        (without_model.run_id, b"raw weights"),
+    ]:
+        path, tags = resolve_model(ref, logger)
+        assert path.read_bytes() == content and tags["model.run_id"]
+        assert scratch in path.parents
+        del path  # the caller is done with it
+        assert list(scratch.iterdir()) == [], ref
+
+    empty = Tracker.from_config(logger)  # nothing to fetch: refused, and nothing left
+    with pytest.raises(FileNotFoundError, match="has no packaged model"):
+        resolve_model(empty.run_id, logger)
+    assert list(scratch.iterdir()) == []
+
+    path, _ = resolve_model(str(raw), logger)
+    del path
+    assert raw.read_bytes() == b"raw weights"
