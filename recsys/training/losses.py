@@ -177,7 +177,7 @@ def gbce_beta(*, num_negatives: int, num_items: int, t: float) -> float:
     excluded): ``α = K / (I - 1)``, ``β = α (t (1 - 1/α) + 1/α)``; t = 0 -> 1 (plain BCE),
     t = 1 -> α."""
     if not 0.0 <= t <= 1.0:
-        raise ValueError(f"gbce t={t} must lie in [0, 1] (gSASRec uses 0.75)")
+        raise ValueError(f"gbce_t={t} must lie in [0, 1] (gSASRec uses 0.75)")
     if num_items < 2 or not 1 <= num_negatives <= num_items - 1:
         raise ValueError(
             f"num_negatives={num_negatives} must lie in [1, {num_items - 1}] for {num_items} items"
@@ -197,7 +197,7 @@ class NegativeSampler:
     def __init__(self, num_items: int, kind: str = "uniform", counts: torch.Tensor | None = None):
         if kind not in SAMPLERS:
             raise ValueError(
-                f"negative sampler {kind!r} is not supported: choose one of {SAMPLERS}"
+                f"negative_sampler={kind!r} is not supported: choose one of {list(SAMPLERS)}"
             )
         if num_items <= NUM_RESERVED:
             raise ValueError(f"num_items={num_items} leaves no real item to sample")

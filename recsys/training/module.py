@@ -688,4 +688,9 @@ def _sampled_settings(
             f"[1, {num_items - NUM_RESERVED - 1}]"
         )
     kind = settings.get("sampler", "uniform")
+    if kind not in losses.SAMPLERS:
+        raise ValueError(
+            f"training.sampled_metrics.sampler={kind!r} is not supported: choose one of "
+            f"{list(losses.SAMPLERS)}"
+        )
     return losses.NegativeSampler(num_items, kind, item_counts), count

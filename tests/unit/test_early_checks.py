@@ -21,6 +21,9 @@ from recsys.tasks import main, prepare, train
         ("training.optimizer.weight_decay=-1", r"^training.optimizer.weight_decay=-1 must be"),
         ("training.rerank_top_n=-3", r"^training.rerank_top_n=-3 and rerank_loss_weight"),
         ("+training.optimizer.betas=[1.5,0.9]", r"beta parameter at index 0"),
+        ("training.loss=gbce training.gbce_t=5", r"^training.gbce_t=5 must lie in \[0, 1\]"),
+        ("training.negative_sampler=foo", r"^training.negative_sampler='foo' is not supported"),
+        ("training.sampled_metrics={sampler:foo}", r"^training.sampled_metrics.sampler='foo'"),
     ],
 )
 def test_model_and_training_settings_are_refused_before_preparing(
@@ -30,7 +33,7 @@ def test_model_and_training_settings_are_refused_before_preparing(
         raise AssertionError("the data was prepared before the settings were checked")
 
     monkeypatch.setattr(prepare, "run", no_preparing)
-    cfg = make_config("config", ["experiment=tiny", "logger=none", override])
+    cfg = make_config("config", ["experiment=tiny", "logger=none", *override.split()])
     with pytest.raises(ValueError, match=message):
         train.run(cfg)
 
