@@ -1,8 +1,9 @@
 """Resumable, atomic output of a scoring job.
 
 A job writes into a hidden staging folder beside the target, ``.<name>.partial/``: one part per
-user chunk (``part-00000.parquet``, and ``part-00000.csv`` when CSV is asked for), each written
-to a temporary name and renamed, plus ``_manifest.json`` naming the job. When every part is
+user chunk (``part-00000.parquet``, and ``_csv/part-00000.csv`` when CSV is asked for: in a
+``_`` folder, which Parquet readers skip, so ``pd.read_parquet(<name>)`` reads the folder), each
+written to a temporary name and renamed, plus ``_manifest.json`` naming the job. When every part is
 there, the folder is renamed to ``<name>/`` in one step, so a reader sees either nothing or
 the whole output; never half of it.
 
@@ -108,7 +109,8 @@ class PartitionedOutput:
             return None
 
     def _part(self, index: int, file_format: str) -> Path:
-        return self.staging / f"part-{index:05d}.{file_format}"
+        folder = self.staging if file_format == "parquet" else self.staging / f"_{file_format}"
+        return folder / f"part-{index:05d}.{file_format}"
 
     def done(self, index: int) -> bool:
         return all(self._part(index, f).exists() for f in self.formats)
@@ -119,6 +121,7 @@ class PartitionedOutput:
     def write(self, index: int, frame: pl.DataFrame) -> None:
         for file_format in self.formats:
             path = self._part(index, file_format)
+            path.parent.mkdir(exist_ok=True)
             if file_format == "parquet":
                 write_atomically(path, lambda tmp: frame.write_parquet(tmp, statistics=False))
             else:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import polars as pl
 import pytest
 from mlflow.tracking import MlflowClient
@@ -138,7 +139,8 @@ def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_co
         ],
     )
     folder = score.run(by_run)
-    from_csv = pl.read_csv(sorted(folder.glob("part-*.csv")))
+    from_csv = pl.read_csv(sorted(folder.glob("_csv/part-*.csv")))
+    assert pd.read_parquet(folder)["item_id"].tolist() == expected["item_id"].to_list()
     assert from_csv["item_id"].to_list() == expected["item_id"].to_list()
     by_alias = make_config(
         "score",
@@ -215,18 +217,19 @@ def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, t
         score.run(cfg, after_part=crash_after_two)
     assert not target.exists()  # nothing visible before the job completes
     staging = tmp_path / ".b.partial"
-    assert sorted(p.name for p in staging.glob("part-*")) == [
-        "part-00000.csv",
+    assert sorted(p.relative_to(staging).as_posix() for p in staging.glob("**/part-*")) == [
+        "_csv/part-00000.csv",
+        "_csv/part-00001.csv",
         "part-00000.parquet",
-        "part-00001.csv",
         "part-00001.parquet",
     ]
     written_parts = []
     score.run(cfg, after_part=written_parts.append)
     assert written_parts == [2, 3]  # the finished parts were not redone
     assert not staging.exists()
-    names = sorted(p.name for p in whole.glob("part-*"))
-    assert names == sorted(p.name for p in target.glob("part-*")) and len(names) == 8
+    names = sorted(p.relative_to(whole).as_posix() for p in whole.glob("**/part-*"))
+    assert names == sorted(p.relative_to(target).as_posix() for p in target.glob("**/part-*"))
+    assert len(names) == 8
     for name in names:
         assert (whole / name).read_bytes() == (target / name).read_bytes(), name
     # the same job again is a no-op; another job into the same folder needs overwrite=true

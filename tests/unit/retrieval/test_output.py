@@ -26,9 +26,9 @@ def test_output_files_and_folders_get_the_permissions_of_the_umask(tmp_path, uma
     folder = output.commit()
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     assert files == [
+        "_csv/part-00000.csv",
         "_manifest.json",
         "_plots/sources.txt",
-        "part-00000.csv",
         "part-00000.parquet",
     ]
     for path in [folder, *folder.rglob("*")]:
