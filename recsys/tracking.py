@@ -321,7 +321,15 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
     else:
         run_id = text
         tags = {"model.uri": f"runs:/{run_id}/{MODEL_ARTIFACT}"}
-    run_tracker = Tracker.from_config(logger_cfg, run_id=run_id)
+    try:
+        run_tracker = Tracker.from_config(logger_cfg, run_id=run_id)
+    except Exception as err:  # MLflow's own exception types: the run is not in the store
+        raise ValueError(
+            f"model={text!r}: no MLflow run with that id in "
+            f"{os.environ.get('MLFLOW_TRACKING_URI') or logger_cfg.get('tracking_uri')} "
+            f"({type(err).__name__}). Pass a checkpoint path, a run id from `mlflow ui`, or a "
+            "registered model as <name>@<alias> (a registered name needs its alias)"
+        ) from err
     destination = tempfile.mkdtemp(prefix="recsys-model-")
     try:
         checkpoint = _download_checkpoint(run_tracker, destination)

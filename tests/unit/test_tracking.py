@@ -136,6 +136,11 @@ def test_a_model_fetched_from_mlflow_is_removed_when_its_caller_is_done_with_it(
     with pytest.raises(FileNotFoundError, match="has no packaged model"):
         resolve_model(empty.run_id, logger)
     assert list(scratch.iterdir()) == []
+    # a run id that is not in the store, or a registered name without its alias
+    for ref in ("0123abcd0123abcd0123abcd0123abcd", "m"):
+        with pytest.raises(ValueError, match=rf"model='{ref}': no MLflow run with that id in sq"):
+            resolve_model(ref, logger)
+    assert list(scratch.iterdir()) == []
 
     path, _ = resolve_model(str(raw), logger)
     del path
