@@ -63,6 +63,9 @@ def prepared(cfg: DictConfig) -> Path:
         for difference in _flat_differences("data", folder_settings, config)
         if difference[0] != "data.partition_rows"  # the work layout, not the data
     ]
+    prepared_from, source = stats.get("source", ""), _source_name(cfg.data.source)
+    if not prepared_from.startswith("<in-memory") and not _same_source(prepared_from, source):
+        differ.append(("data.source", prepared_from, source))
     if differ:
         listed = "; ".join(f"{key}: prepared {was!r}, config {now!r}" for key, was, now in differ)
         raise ValueError(
@@ -71,6 +74,21 @@ def prepared(cfg: DictConfig) -> Path:
             "data.prepared_dir to prepare the log with them"
         )
     return folder
+
+
+def _source_name(value) -> str:
+    """``data.source`` as ``stats.json`` names it: a loader's call, or the path."""
+    return describe(value) or str(value)
+
+
+def _same_source(prepared_from: str, source: str) -> bool:
+    """The same loader call, or the same file (a relative and an absolute path to it agree).
+    A folder prepared from an in-memory frame (a notebook's ``rd.prepare(df, ...)``) names no
+    source to compare, so the caller does not ask."""
+    if prepared_from == source:
+        return True
+    first, second = Path(prepared_from).expanduser(), Path(source).expanduser()
+    return first.exists() and second.exists() and first.resolve() == second.resolve()
 
 
 def _flat_differences(prefix: str, was: Any, now: Any) -> Iterator[tuple[str, Any, Any]]:
@@ -91,7 +109,7 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
         out_dir=out_dir,
         items=item_source(cfg),
         item_columns=item_columns(cfg.data),
-        source_name=describe(cfg.data.source),
+        source_name=describe(cfg.data.source),  # (None: the path names itself)
     )
     log.info("prepared dataset at %s", out_dir)
     return out_dir

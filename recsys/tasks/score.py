@@ -191,11 +191,18 @@ def recommend_frame(
     schema: EventSchema | None = None,
     retrieval: Mapping[str, Any] | None = None,
     as_of: str | datetime | None = None,
-    device: str = "cpu",
+    device: str | None = None,
 ) -> pl.DataFrame:
     """Recommendations for every user of ``events`` (a frame or file with the columns the
     model was trained with, unless ``schema`` says otherwise), in memory. ``retrieval``:
-    ``conf/retrieval`` keys, e.g. ``{"top_k": 5, "rules": {"max_per_category": 2}}``."""
+    ``conf/retrieval`` keys, e.g. ``{"top_k": 5, "rules": {"max_per_category": 2}}``, its
+    ``as_of`` and ``accelerator`` included (``as_of`` / ``device`` here win over them; without
+    either the device is the CPU)."""
+    retrieval = dict(to_container(retrieval) or {})
+    if as_of is None:
+        as_of = retrieval.get("as_of")
+    if device is None:
+        device = pick_device(retrieval.get("accelerator", "cpu"), option="retrieval.accelerator")
     job = _Job.load(
         model, events, schema or model.schema, retrieval, as_of=as_of, source_name="events"
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from recsys.data.synthetic import generate_events
 from recsys.tasks import main, prepare, train
 
 
@@ -93,3 +94,20 @@ def test_the_main_job_checks_its_scoring_settings_before_it_trains(
     monkeypatch.setattr(train, "run", no_training)
     with pytest.raises(ValueError, match=message):
         main.run(make_config("config", ["experiment=tiny", "logger=none", *overrides]))
+
+
+def test_a_reused_prepared_folder_must_come_from_the_configured_source(
+    make_config, tmp_path, monkeypatch
+):
+    folder = prepare.run(make_config("config", ["experiment=tiny"]), tmp_path / "prepared")
+    reuse = ["experiment=tiny", f"data.prepared_dir={folder}"]
+    with pytest.raises(ValueError, match=r"data.source: prepared 'generate_events\(num_users=150"):
+        prepare.prepared(make_config("config", [*reuse, "data.source.num_users=50"]))
+    # a log file named by a relative or an absolute path is the same source
+    log = tmp_path / "events.parquet"
+    generate_events(num_users=60, num_items=40, num_categories=4, seed=3).write_parquet(log)
+    file_data = ["data=events_file", "data.split.method=leave_one_out"]
+    at = prepare.run(make_config("config", [*file_data, f"data.source={log}"]), tmp_path / "f")
+    monkeypatch.chdir(tmp_path)
+    relative = [*file_data, "data.source=events.parquet", f"data.prepared_dir={at}"]
+    assert prepare.prepared(make_config("config", relative)) == at

@@ -427,6 +427,10 @@ def test_users_with_no_event_before_as_of_are_counted_in_the_log(setup, caplog):
         recs = recommend_frame(model, events, as_of=cut)
     assert recs[USER].n_unique() == events[USER].n_unique() - later
     assert f"{later} users of the log have no event before retrieval.as_of" in caplog.text
+    # the same moment given among the retrieval keys, as conf/retrieval names it
+    assert recommend_frame(model, events, retrieval={"as_of": cut.isoformat()}).equals(recs)
+    with pytest.raises(ValueError, match="retrieval.accelerator='tpu'"):
+        recommend_frame(model, events, retrieval={"accelerator": "tpu"})
 
 
 # -- building blocks ---------------------------------------------------------------------------
