@@ -557,9 +557,11 @@ def _prepare(
         max_item_attributes=settings.max_item_attributes,
     )
     if vocab.items.height == 0:
+        count = settings.min_item_count
         raise ValueError(
-            f"{name}: the training window holds no items: lower data.min_item_count="
-            f"{settings.min_item_count}, or {settings.split.widening()}"
+            f"{name}: the training window holds no items: "
+            + (f"lower data.min_item_count={count}, or " if count > 1 else "")
+            + settings.split.widening()
         )
 
     clock.lap("vocabulary")
