@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import pickle
+import shutil
+import signal
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +18,7 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from recsys.checkpoint import CHECKPOINT_KEY, checkpoint_extra, write_scoring_checkpoint
 from recsys.config import event_schema, to_container
@@ -198,6 +202,20 @@ def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:
     saved = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     if saved is None:
         raise ValueError(f"resume={value}: {path} is not a recsys training checkpoint")
+    if "optimizer_states" not in checkpoint:
+        raise ValueError(
+            f"resume={value}: {path} is a scoring checkpoint (weights only, no optimiser or "
+            "callback state), which cannot continue a training: resume from the run's "
+            "checkpoints/last.ckpt (resume=last with paths.run_dir=<that run's folder>)"
+        )
+    own = (cfg.callbacks or {}).get("model_checkpoint")
+    if own is not None and path.parent.resolve() != Path(own.dirpath).resolve():
+        raise ValueError(
+            f"resume={value}: {path} belongs to another run folder than this job's "
+            f"({own.dirpath}); Lightning keeps the best checkpoint so far only in its own "
+            "folder, so the continued training could end with a worse best.ckpt: continue it "
+            f"there with paths.run_dir={path.parent.parent} resume=last"
+        )
     return str(value), path, saved
 
 
@@ -206,6 +224,38 @@ def resumed_run_id(cfg: DictConfig) -> str | None:
     was not tracked): the job tracks its rest into that same run."""
     target = _resume_target(cfg)
     return None if target is None else target[2].get(RUN_ID_KEY)
+
+
+def _prepared(cfg: DictConfig) -> Path:
+    """:func:`prepare.prepared`, except for a resumed training that prepares into its run
+    folder: the log is prepared beside the run's ``prepared/`` and checked against the
+    checkpoint's data first, so a refused resume (the log changed meanwhile) leaves the
+    interrupted run's data as it was."""
+    target = _resume_target(cfg)
+    if target is None or cfg.data.prepared_dir:
+        return prepare.prepared(cfg)
+    final = Path(cfg.paths.run_dir) / "prepared"
+    trial = prepare.run(cfg, final.with_name(f".prepared-resume-{uuid.uuid4().hex}"))
+    try:
+        _check_fingerprint(target, load_stats(trial)["fingerprint"])
+    except ValueError:
+        shutil.rmtree(trial, ignore_errors=True)
+        raise
+    if final.exists():  # the same data (same fingerprint): keep the run's own folder
+        shutil.rmtree(trial, ignore_errors=True)
+    else:
+        trial.rename(final)
+    return final
+
+
+def _check_fingerprint(target: tuple[str, Path, dict], fingerprint: str) -> None:
+    value, path, saved = target
+    if saved["data_fingerprint"] != fingerprint:
+        raise ValueError(
+            f"resume={value}: {path} was trained on other data (fingerprint "
+            f"{saved['data_fingerprint']}, this run's data {fingerprint}): resume with the data "
+            "and data settings of the interrupted run, or drop resume to start fresh"
+        )
 
 
 def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: str) -> Path | None:
@@ -223,12 +273,7 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
     if target is None:
         return None
     value, path, saved = target
-    if saved["data_fingerprint"] != fingerprint:
-        raise ValueError(
-            f"resume={value}: {path} was trained on other data (fingerprint "
-            f"{saved['data_fingerprint']}, this run's data {fingerprint}): resume with the data "
-            "and data settings of the interrupted run, or drop resume to start fresh"
-        )
+    _check_fingerprint(target, fingerprint)
     changed = {
         k: (saved["encoder_config"].get(k), v)
         for k, v in dict(encoder.config).items()
@@ -298,7 +343,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
     check_settings(cfg)
     check_model_settings(cfg)
     pl.seed_everything(cfg.seed, workers=True)
-    prepared_dir = prepare.prepared(cfg)
+    prepared_dir = _prepared(cfg)
     datamodule = build_datamodule(cfg, prepared_dir)
     encoder = build_encoder(cfg, datamodule)
     # a partial, so the (large, plain) checkpoint_extra is not copied into an OmegaConf node
@@ -341,7 +386,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
             logger=tracker.lightning_logger() or False,
             callbacks=[*callbacks.values(), CheckMonitors(monitors)],
         )
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+        except SIGTERMException as err:  # Lightning's SystemExit() would end the job with 0
+            raise SystemExit(128 + signal.SIGTERM) from err  # a scheduler must see the kill
 
         checkpoint_cb = callbacks.get("model_checkpoint")  # the best one (last_checkpoint: latest)
         if checkpoint_cb is None or not checkpoint_cb.best_model_path:

@@ -547,11 +547,39 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
         train.run(make_config("config", [*again, "model.d_model=32"]))
     with pytest.raises(ValueError, match=r"another model .*encoder 'recsys.model.atrank.ATRank'"):
         train.run(make_config("config", [*again, "model=sasrec", "model.d_model=16"]))
+    prepared = last.parents[1] / "prepared"
+    before = {p.name: p.read_bytes() for p in prepared.iterdir()}
     with pytest.raises(ValueError, match="was trained on other data"):
         train.run(make_config("config", [*again, "data.source.num_users=160"]))
+    # the refused resume left the run's data as it was, so it can still be continued
+    assert {p.name: p.read_bytes() for p in prepared.iterdir()} == before
+    assert sorted(p.name for p in prepared.parent.iterdir() if p.name.startswith(".")) == []
     elsewhere = make_config("config", [*again, f"paths.run_dir={last.parents[2] / 'new'}"])
     with pytest.raises(FileNotFoundError, match=r"checkpoints/last.ckpt does not exist: pass"):
         train.run(elsewhere)
+    # its last.ckpt from another run folder, where Lightning would lose the best so far
+    branch = make_config("config", [*base, "trainer.max_epochs=4", f"resume={last}"])
+    branch.paths.run_dir = str(last.parents[2] / "branch")
+    with pytest.raises(ValueError, match=r"belongs to another run folder .*resume=last"):
+        train.run(branch)
+    scoring = last.parent / "scoring" / "model.ckpt"
+    with pytest.raises(ValueError, match="is a scoring checkpoint .* cannot continue a training"):
+        train.run(make_config("config", [*base, "trainer.max_epochs=4", f"resume={scoring}"]))
+
+
+def test_a_training_killed_by_sigterm_exits_non_zero(make_config, monkeypatch):
+    """Lightning ends a SIGTERM'd fit with SystemExit() (exit status 0): a scheduler would take
+    the killed job for a finished one. The job exits 143 (128 + SIGTERM) instead."""
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    def killed(*args, **kwargs):
+        raise SIGTERMException
+
+    monkeypatch.setattr(Trainer, "fit", killed)
+    with pytest.raises(SystemExit) as info:
+        train.run(make_config("config", [*TINY, "logger=none"]))
+    assert info.value.code == 143
 
 
 def test_training_into_a_run_folder_that_holds_a_training_is_refused_before_any_work(
