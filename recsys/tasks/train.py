@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from hydra.errors import InstantiationException
@@ -146,6 +147,29 @@ def trained_targets(cfg: DictConfig, behaviors: Sequence[str]) -> list[str]:
     if not weights:
         return list(behaviors)
     return [b for b in behaviors if float(weights.get(b, 0)) > 0]
+
+
+def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> None:
+    """Refuse ``training.behavior_weights`` whose weighted behaviours no training target has
+    (e.g. ``{fav: 1}`` on a log without favourites): the loss would be 0 at every step and
+    the "best" checkpoint an untrained model."""
+    if not cfg.training.get("behavior_weights"):
+        return
+    behaviors = datamodule.vocab.behaviors
+    wanted = trained_targets(cfg, behaviors)
+    datamodule.setup()
+    store = datamodule.store
+    lengths = np.diff(store.offsets)
+    position = np.arange(len(store.behavior)) - np.repeat(store.offsets[:-1], lengths)
+    target = (position >= 1) & (position < np.repeat(store.train_end, lengths))
+    codes = np.unique(store.behavior[target]) - NUM_RESERVED  # PAD/UNK: below 0
+    present = {behaviors[c] for c in codes if 0 <= c < len(behaviors)}
+    if not present & set(wanted):
+        raise ValueError(
+            f"training.behavior_weights={dict(cfg.training.behavior_weights)} weighs "
+            f"{wanted}, but no training target is one of them (the training window's targets "
+            f"are {sorted(present)}): weigh behaviours the data has, or drop the setting"
+        )
 
 
 def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
@@ -345,6 +369,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
     pl.seed_everything(cfg.seed, workers=True)
     prepared_dir = _prepared(cfg)
     datamodule = build_datamodule(cfg, prepared_dir)
+    check_weighted_targets(cfg, datamodule)
     encoder = build_encoder(cfg, datamodule)
     # a partial, so the (large, plain) checkpoint_extra is not copied into an OmegaConf node
     module = instantiate(cfg.training, _partial_=True)(

@@ -48,7 +48,7 @@ LOSSES = ("full_softmax", "sampled_softmax", "bce", "gbce")
 SAMPLERS = ("uniform", "popularity")
 
 
-def _weighted_mean(per_row: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+def weighted_mean(per_row: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     if weight is None:
         return per_row.mean()
     return (per_row * weight).sum() / weight.sum().clamp(min=1e-12)
@@ -69,13 +69,13 @@ def full_softmax(
     """
     if not label_smoothing:
         per_row = F.cross_entropy(logits.float(), target, reduction="none")
-        return _weighted_mean(per_row, weight)
+        return weighted_mean(per_row, weight)
     log_p = torch.log_softmax(logits.float(), dim=-1)  # (M, I)
     nll = -log_p.gather(1, target[:, None]).squeeze(1)  # (M,)
     finite = torch.isfinite(logits)
     uniform = -log_p.masked_fill(~finite, 0.0).sum(dim=1) / finite.sum(dim=1)  # (M,)
     per_row = (1.0 - label_smoothing) * nll + label_smoothing * uniform
-    return _weighted_mean(per_row, weight)
+    return weighted_mean(per_row, weight)
 
 
 def attribute_softmax(
@@ -96,7 +96,7 @@ def attribute_softmax(
     log_p = torch.log_softmax(logits[keep].float(), dim=1)  # (M', N)
     picked = log_p.gather(1, attributes[keep]).masked_fill(~real[keep], 0.0)  # (M', A)
     per_row = -picked.sum(dim=1) / count[keep]
-    return _weighted_mean(per_row, None if weight is None else weight[keep])
+    return weighted_mean(per_row, None if weight is None else weight[keep])
 
 
 def info_nce(
@@ -149,7 +149,7 @@ def sampled_softmax(
     corrected_negatives = (negatives - log_q_negatives).masked_fill(accidental, -math.inf)
     logits = torch.cat([(positive - log_q_positive)[:, None], corrected_negatives], dim=1)
     per_row = -torch.log_softmax(logits.float(), dim=1)[:, 0]
-    return _weighted_mean(per_row, weight)
+    return weighted_mean(per_row, weight)
 
 
 def bce(
@@ -169,7 +169,7 @@ def bce(
     negative_terms = -F.logsigmoid(-negatives.float())  # -log(1 - σ(s)) = -log σ(-s)
     if accidental is not None:
         negative_terms = negative_terms.masked_fill(accidental, 0.0)
-    return _weighted_mean(positive_term + negative_terms.sum(dim=1), weight)
+    return weighted_mean(positive_term + negative_terms.sum(dim=1), weight)
 
 
 def gbce_beta(*, num_negatives: int, num_items: int, t: float) -> float:

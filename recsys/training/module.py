@@ -447,16 +447,24 @@ class SeqRecModule(pl.LightningModule):
         )
 
     def _rerank_loss(self, output, batch: SeqBatch) -> torch.Tensor:
+        """Cross-entropy of each row's last target among its hardest retrieval candidates,
+        weighted by ``training.behavior_weights`` as the retrieval objective is (a target of
+        weight 0, e.g. a view when purchases are predicted, is not trained)."""
         target = batch.target_item[:, -1]  # (B,) next item after the most recent event
-        valid = target > UNK_IDX
+        weight = self._target_weight(batch.target_behavior[:, -1])  # (B,) or None
+        valid = (target > UNK_IDX) & (True if weight is None else weight > 0)
         with torch.no_grad():
             scores = self.encoder.score_items(output.query)  # (B, I)
             scores = scores.scatter(1, target[:, None], -math.inf)
             negatives = scores.topk(self.rerank_top_n - 1, dim=1).indices  # (B, N-1)
         candidates = torch.cat([target[:, None], negatives], dim=1)  # (B, N), true item first
         logits = self.encoder.rerank_scores(output, candidates)
-        labels = torch.zeros_like(target)
-        return F.cross_entropy(logits[valid].float(), labels[valid])
+        per_row = F.cross_entropy(  # the true item is candidate 0
+            logits[valid].float(), torch.zeros_like(target[valid]), reduction="none"
+        )
+        if not per_row.numel():  # no target of this objective in the batch
+            return logits.sum() * 0.0
+        return losses.weighted_mean(per_row, None if weight is None else weight[valid])
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluation_metrics(

@@ -5,6 +5,8 @@ the data settings. Each message names the config key the user sets."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from recsys.data.synthetic import generate_events
@@ -111,3 +113,16 @@ def test_a_reused_prepared_folder_must_come_from_the_configured_source(
     monkeypatch.chdir(tmp_path)
     relative = [*file_data, "data.source=events.parquet", f"data.prepared_dir={at}"]
     assert prepare.prepared(make_config("config", relative)) == at
+
+
+def test_behavior_weights_on_behaviours_no_training_target_has_are_refused(make_config):
+    """{fav: 1} on a log without favourites would train nothing (loss 0 at every step) and
+    still save a "best" checkpoint."""
+    weights = [
+        "data.behaviors=[view,click,cart,purchase,fav]",
+        "+training.behavior_weights={fav: 1.0}",
+    ]
+    cfg = make_config("config", ["experiment=tiny", "logger=none", *weights])
+    with pytest.raises(ValueError, match=r"weighs \['fav'\], but no training target is one of"):
+        train.run(cfg)
+    assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))

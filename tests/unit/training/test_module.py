@@ -192,6 +192,30 @@ def test_behavior_weights_select_and_weigh_targets():
     torch.testing.assert_close(train_loss(m, b), expected)
 
 
+def test_the_rerank_loss_weighs_targets_as_the_retrieval_loss_does():
+    """With behavior_weights the re-rank head learns the same targets as retrieval: a last
+    target of weight 0 (a view when carts and purchases are predicted) is not trained."""
+    m = module(behavior_weights={"purchase": 2.0, "cart": 1.0}, rerank_top_n=20)
+    b = batch()
+    b.target_behavior[0, -1] = 2  # a view: weight 0
+    output = m(b)
+    last, behavior = b.target_item[:, -1], b.target_behavior[:, -1]
+    weight = torch.tensor([0.0, 0.0, 0.0, 1.0, 2.0])[behavior] * (last > 1)
+    torch.manual_seed(0)
+    loss = m._rerank_loss(output, b)
+    with torch.no_grad():
+        scores = m.encoder.score_items(output.query).scatter(1, last[:, None], -float("inf"))
+        negatives = scores.topk(19, dim=1).indices
+    logits = m.encoder.rerank_scores(output, torch.cat([last[:, None], negatives], dim=1))
+    per_row = torch.nn.functional.cross_entropy(logits, torch.zeros_like(last), reduction="none")
+    assert weight.sum() > 0 and (weight == 0).any()  # the batch has both kinds of row
+    torch.testing.assert_close(loss, (per_row * weight).sum() / weight.sum())
+    # no row with a weighted target: nothing to learn, a zero loss (not NaN)
+    views_only = module(behavior_weights={"view": 1.0}, rerank_top_n=20)
+    b.target_behavior[:, -1] = 3  # every last target a cart
+    assert views_only._rerank_loss(views_only(b), b).item() == 0.0
+
+
 def test_attribute_loss_predicts_each_trained_targets_attributes():
     enc = encoder()
     sets = torch.zeros(NUM_ITEMS, 1, dtype=torch.long)  # PAD: the PAD item has none
