@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -270,6 +271,9 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
         return json.loads((run_dir / RESULT_FILE).read_text())
     if resume:
         log.info("%s was interrupted: it continues from its last epoch", run_dir.name)
+    elif (run_dir / "checkpoints").is_dir():  # killed before any last.ckpt: nothing to continue
+        log.info("%s was interrupted before its first last.ckpt: it starts again", run_dir.name)
+        shutil.rmtree(run_dir / "checkpoints")
     run_dir.mkdir(parents=True, exist_ok=True)
     started_with.write_text(command)
     started = time.perf_counter()

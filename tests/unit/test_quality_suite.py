@@ -260,6 +260,15 @@ def test_a_kept_run_is_read_back_when_finished_and_continued_when_interrupted(
     with pytest.raises(ValueError, match="holds a run started as"):
         quality_suite.run_one("tiny", model, 0, tmp_path, [*extra, "model.dropout=0.1"])
 
+    # killed after best.ckpt but before the first last.ckpt: nothing to continue, so it
+    # starts again (the run folder check would refuse a fresh training beside best.ckpt)
+    monkeypatch.undo()
+    other = tmp_path / "tiny-sasrec_ce-1" / "checkpoints"
+    other.mkdir(parents=True)
+    (other / "best.ckpt").write_bytes(b"from a killed epoch")
+    again = quality_suite.run_one("tiny", model, 1, tmp_path, extra)
+    assert not again["resumed"] and "test/ndcg_at_10" in again["test"]
+
 
 def test_run_column_is_a_command_line_a_shell_reads_back():
     """An override with spaces and braces (the EMA callback) is quoted in the table's run
