@@ -33,6 +33,8 @@ import logging
 import math
 import os
 import shutil
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -226,8 +228,37 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 @contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM (a scheduler's kill) as ``SystemExit(143)`` meanwhile, so that cleanup code
+    runs (by default SIGTERM ends the process at once, leaving the staging folder and its work
+    files behind). Only where that default is in place, in the main thread: a handler the
+    application set is left alone."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def exit_on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
 def _staging(out_dir: Path) -> Iterator[Path]:
-    """A temporary sibling of ``out_dir`` that replaces it on success and vanishes on failure."""
+    """A temporary sibling of ``out_dir`` that replaces it on success and vanishes on failure
+    (a SIGTERM included: see :func:`_terminate_as_exit`)."""
+    with _terminate_as_exit():
+        yield from _staged(out_dir)
+
+
+def _staged(out_dir: Path) -> Iterator[Path]:
     check_out_dir(out_dir)
     created = next((p for p in reversed(out_dir.parents) if not p.exists()), None)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -429,6 +460,7 @@ def _prepare(
     # 2. per partition: sort, duplicates, time window (quarantine what is set aside), then
     # the per-user steps; with an item threshold the k-core membership (global) comes between
     counters = {"duplicate": 0, "outside_window": 0, "clean": 0, "kcore": 0, "truncated": 0}
+    repeated: list[pl.DataFrame] = []  # each partition's first repeats, for the error's examples
     digest = [0]  # sum of the row hashes modulo 2**64: independent of partitioning and order
 
     def clean(index: int) -> pl.DataFrame:
@@ -446,13 +478,8 @@ def _prepare(
             .with_columns(pl.lit("duplicate", dtype=df.schema[PROBLEM]).alias(PROBLEM))
         )
         if duplicates.height:
-            enforce(
-                {"duplicate": duplicates.height},
-                settings.bad_rows,
-                source_name=name,
-                examples=duplicates.lazy(),
-                schema=schema,
-            )
+            # with duplicate=error, counted over every partition and raised after the last
+            repeated.append(duplicates.sort(ROW).head(3))
             good = good.filter(first)
         good = good.drop(ROW)  # the tie rule's input order has done its work
         counters["duplicate"] += duplicates.height
@@ -497,6 +524,14 @@ def _prepare(
     else:
         parts.map("clean", lambda index: finalize(clean(index), index))
     parts.drop("typed")
+    if repeated:  # raises when duplicate=error, with the total and the log's first repeats
+        enforce(
+            {"duplicate": counters["duplicate"]},
+            settings.bad_rows,
+            source_name=name,
+            examples=pl.concat(repeated).lazy(),
+            schema=schema,
+        )
     clock.lap("clean")
     bad["duplicate"] = counters["duplicate"]
     bad = {kind: bad[kind] for kind in PROBLEM_KINDS if bad.get(kind)}

@@ -54,7 +54,9 @@ def summarize(
     tier_of = np.empty(real.sum(), dtype=np.float64)
     tier_of[order] = (np.arange(len(order)) + 1) / max(len(order), 1)  # popularity quantile
     rows = max(len(recs), 1)
-    sources = recs["source"].value_counts().to_dicts() if len(recs) else []
+    # sorted by source: value_counts' own order varies from call to call, and the summary
+    # must come out byte-identical for the same recommendations (a resumed job is compared)
+    sources = recs["source"].value_counts().sort("source").to_dicts() if len(recs) else []
     source_share = {str(r["source"]): r["count"] / rows for r in sources}
     return {
         "users": recs[USER].n_unique(),

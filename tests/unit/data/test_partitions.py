@@ -66,3 +66,18 @@ def test_sequences_are_flat_arrow_lists(log, tmp_path):
     store = SequenceStore.from_table(table)
     assert store.item.ndim == 1 and len(store.item) == ds.stats["events"]
     assert store.offsets[-1] == ds.stats["events"]
+
+
+def test_duplicates_refused_count_every_partition(log, tmp_path):
+    """duplicate=error counts the repeats of the whole log, as one partition does, and quotes
+    the log's first ones (it stopped at the first partition that had any)."""
+    options = {**OPTIONS, "bad_rows": {"duplicate": "error", "future_timestamp": "drop"}}
+    messages = []
+    for name, rows in (("one", {}), ("many", {"partition_rows": 1000})):
+        with pytest.raises(
+            rd.DataError, match=r"25 row\(s\) repeating an earlier identical"
+        ) as info:
+            rd.prepare(log, tmp_path / name, **options, **rows)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert list(tmp_path.iterdir()) == []

@@ -620,3 +620,22 @@ def test_scoring_with_as_of_before_every_event_fails_clearly(fitted):
     events, vocab = fitted
     with pytest.raises(ValueError, match="nothing to score"):
         scoring_sequences(events, vocab=vocab, as_of=datetime(2000, 1, 1, tzinfo=UTC))
+
+
+def test_a_sigterm_while_preparing_leaves_nothing_behind(tmp_path):
+    """A scheduler's kill (SIGTERM) ends the preparation as SystemExit(143) with the staging
+    folder and its work files removed (by default SIGTERM ends the process on the spot)."""
+    import signal
+    import time
+
+    from recsys.data.pipeline import _staging
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with pytest.raises(SystemExit) as info, _staging(tmp_path / "out") as stage:
+        (stage / "_work").mkdir()
+        (stage / "_work" / "part-00000.parquet").write_text("half written")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs at the next bytecode
+    assert info.value.code == 143
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default is back
