@@ -449,6 +449,11 @@ def _prepare(
             "typed",
         )
     except pl.exceptions.PolarsError as err:
+        if "os error 28" in str(err):  # ENOSPC: the work files, not the log, are the problem
+            raise OSError(
+                f"no space left on the device of {stage.parent} while writing the work files "
+                f"of {name}: free space there, or prepare into a folder on a larger disk"
+            ) from err
         raise DataError(f"{name} could not be read: {err}") from err
     typed_all = parts.scan("typed")
     bad = problem_summary(typed_all)

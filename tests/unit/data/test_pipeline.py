@@ -639,3 +639,17 @@ def test_a_sigterm_while_preparing_leaves_nothing_behind(tmp_path):
     assert info.value.code == 143
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default is back
+
+
+def test_a_full_disk_is_not_blamed_on_the_log(tmp_path, monkeypatch):
+    """ENOSPC while the first pass sinks its work files names the output's disk, not the log
+    ("could not be read"); nothing is left behind."""
+    from recsys.data import pipeline
+
+    def full(self, typed, stage):
+        raise pl.exceptions.ComputeError("parquet: No space left on device (os error 28)")
+
+    monkeypatch.setattr(pipeline._Partitions, "distribute", full)
+    with pytest.raises(OSError, match=r"no space left on the device of .* larger disk"):
+        prepare(synthetic(), tmp_path / "prep")
+    assert list(tmp_path.iterdir()) == []
