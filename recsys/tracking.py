@@ -265,8 +265,17 @@ def use_tracker(tracker: Tracker | None, logger_cfg: Mapping[str, Any] | None, *
 
 class FetchedCheckpoint(type(Path())):
     """A checkpoint copied out of the MLflow store into a temporary folder of its own, which
-    is removed with this path object: when its last holder drops it, at the latest when the
-    process exits. (A plain ``Path`` made from it, or its text, does not keep the copy.)"""
+    :func:`done_with` removes once the caller has loaded it; failing that, it goes with this
+    path object (when the last holder drops it, at the latest when the process exits)."""
+
+    _remove: weakref.finalize
+
+
+def done_with(path: Path) -> None:
+    """Remove the copy :func:`resolve_model` fetched, now that the checkpoint is loaded (a
+    checkpoint path given directly is the caller's file: left alone)."""
+    if isinstance(path, FetchedCheckpoint):
+        path._remove()
 
 
 def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path, dict[str, str]]:
@@ -278,9 +287,9 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
       with the ``models:/`` prefix: the MLflow model registry;
     - an MLflow run id: that run's packaged model (``model/``), else its ``checkpoints/``.
 
-    A model from the store is copied into a temporary folder that goes with the returned
-    :class:`FetchedCheckpoint`: hold the path until the checkpoint is loaded (a scheduled job
-    of a GB model would otherwise leave a copy per run).
+    A model from the store is copied into a temporary folder: call :func:`done_with` on the
+    returned :class:`FetchedCheckpoint` once it is loaded (a scheduled job of a GB model would
+    otherwise leave a copy per run).
     """
     import tempfile
 
@@ -337,7 +346,7 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
         shutil.rmtree(destination, ignore_errors=True)
         raise
     path = FetchedCheckpoint(checkpoint)
-    weakref.finalize(path, shutil.rmtree, destination, ignore_errors=True)
+    path._remove = weakref.finalize(path, shutil.rmtree, destination, ignore_errors=True)
     log.info("model of MLflow run %s fetched to %s (removed when done)", run_id, str(path))
     return path, {**tags, "model.run_id": run_id}
 

@@ -25,7 +25,7 @@ from recsys.model.popularity import Popularity
 from recsys.model.transition import Transition
 from recsys.tasks import prepare
 from recsys.tasks.train import data_arguments
-from recsys.tracking import Tracker, resolve_model, use_tracker
+from recsys.tracking import Tracker, done_with, resolve_model, use_tracker
 from recsys.training.evaluation import evaluate, pick_device
 from recsys.training.module import SeqRecModule
 
@@ -36,7 +36,9 @@ def load_model(ref: str | Path, logger_cfg) -> tuple[LoadedModel, dict[str, str]
     """``ref``: a checkpoint path, an MLflow run id or a registered ``<name>@<alias>`` (see
     :func:`recsys.tracking.resolve_model`) -> the model and how it was found (run tags)."""
     path, tags = resolve_model(str(ref), logger_cfg)
-    return load_checkpoint(path), tags
+    model = load_checkpoint(path)
+    done_with(path)
+    return model, tags
 
 
 def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:

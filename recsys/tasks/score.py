@@ -33,7 +33,7 @@ from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
 from recsys.schema import ATTRIBUTES, ITEM, SESSION, EventSchema
 from recsys.tasks.prepare import event_source
-from recsys.tracking import Tracker, resolve_model, use_tracker
+from recsys.tracking import Tracker, done_with, resolve_model, use_tracker
 from recsys.training.evaluation import pick_device
 
 log = logging.getLogger(__name__)
@@ -228,6 +228,7 @@ def run(
     else:
         path, model_tags = resolve_model(str(cfg.model_ref), cfg.logger)
     model = load_checkpoint(path)
+    done_with(path)
     prepare = prepare_settings(cfg.data)
     job = _Job.load(
         model,

@@ -94,7 +94,7 @@ def test_a_model_fetched_from_mlflow_is_removed_when_its_caller_is_done_with_it(
     directly is the caller's file and stays."""
     import tempfile
 
-    from recsys.tracking import MODEL_ARTIFACT, resolve_model
+    from recsys.tracking import MODEL_ARTIFACT, done_with, resolve_model
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     scratch = tmp_path / "tmp"
@@ -129,7 +129,7 @@ def test_a_model_fetched_from_mlflow_is_removed_when_its_caller_is_done_with_it(
         path, tags = resolve_model(ref, logger)
         assert path.read_bytes() == content and tags["model.run_id"]
         assert scratch in path.parents
-        del path  # the caller is done with it
+        done_with(path)  # the caller has loaded it
         assert list(scratch.iterdir()) == [], ref
 
     empty = Tracker.from_config(logger)  # nothing to fetch: refused, and nothing left
@@ -143,5 +143,5 @@ def test_a_model_fetched_from_mlflow_is_removed_when_its_caller_is_done_with_it(
     assert list(scratch.iterdir()) == []
 
     path, _ = resolve_model(str(raw), logger)
-    del path
+    done_with(path)
     assert raw.read_bytes() == b"raw weights"
