@@ -377,6 +377,7 @@ def prepare_dataset(
     items: EventSource | None = None,
     item_columns: Mapping[str, str | None] | None = None,
     source_name: str | None = None,
+    items_name: str | None = None,
 ) -> tuple[dict, Vocab]:
     """Prepare ``source`` into ``out_dir`` (replacing an earlier prepared dataset there; any
     other folder content is refused, see :func:`check_out_dir`) and return its statistics
@@ -384,8 +385,9 @@ def prepare_dataset(
     read back what was just written.
 
     ``items`` is an optional item side table (``item_columns`` maps its ``item_id`` and
-    ``category`` / ``attributes`` columns). ``source_name`` names an in-memory source in
-    messages and ``stats.json`` (e.g. the file a loader read). Raises :class:`DataError` for
+    ``category`` / ``attributes`` columns). ``source_name`` and ``items_name`` name an
+    in-memory source and item table in messages and ``stats.json`` (e.g. the file a loader
+    read). Raises :class:`DataError` for
     bad input and ``ValueError`` for settings that cannot work with this log; either way
     nothing is written.
     """
@@ -404,7 +406,9 @@ def prepare_dataset(
             "temporal split is impossible: use data.split.method=leave_one_out or leave_last_n"
         )
     with _staging(out_dir) as stage:
-        stats, vocab = _prepare(source, name, schema, settings, stage, items, item_columns)
+        stats, vocab = _prepare(
+            source, name, schema, settings, stage, items, item_columns, items_name
+        )
     log.info(
         "prepared %s: %d users, %d events (%d train), %d items, val/test targets %d/%d -> %s",
         name,
@@ -427,6 +431,7 @@ def _prepare(
     stage: Path,
     items: EventSource | None,
     item_columns: Mapping[str, str | None] | None,
+    items_name: str | None,
 ) -> tuple[dict, Vocab]:
     clock = _Stopwatch()
     raw = scan_events(source, schema)
@@ -664,6 +669,8 @@ def _prepare(
     items_hash = _frame_digest(item_table.collect()) if item_table is not None else None
     stats = {
         "source": name,
+        "items_source": None if items is None else items_name or describe_source(items),
+        "item_columns": None if items is None else dict(item_columns or DEFAULT_ITEM_COLUMNS),
         "fingerprint": _fingerprint(rows_read, digest[0], items_hash, settings, schema),
         "rows_read": rows_read,
         "bad_rows": bad,

@@ -63,9 +63,19 @@ def prepared(cfg: DictConfig) -> Path:
         for difference in _flat_differences("data", folder_settings, config)
         if difference[0] != "data.partition_rows"  # the work layout, not the data
     ]
-    prepared_from, source = stats.get("source", ""), _source_name(cfg.data.source)
-    if not prepared_from.startswith("<in-memory") and not _same_source(prepared_from, source):
-        differ.append(("data.source", prepared_from, source))
+    items = cfg.data.get("items")
+    sources = [("data.source", stats.get("source", ""), _source_name(cfg.data.source))]
+    if "items_source" in stats:  # (folders prepared before it was recorded: not compared)
+        items_now = None if items is None else _source_name(items)
+        sources.append(("data.items", stats["items_source"], items_now))
+        if items is not None and stats["item_columns"] is not None:
+            columns = {"item_columns": item_columns(cfg.data)}
+            differ += _flat_differences("data", {"item_columns": stats["item_columns"]}, columns)
+    differ += [
+        (key, was, now)
+        for key, was, now in sources
+        if not str(was).startswith("<in-memory") and not _same_source(was, now)
+    ]
     if differ:
         listed = "; ".join(f"{key}: prepared {was!r}, config {now!r}" for key, was, now in differ)
         raise ValueError(
@@ -81,12 +91,14 @@ def _source_name(value) -> str:
     return describe(value) or str(value)
 
 
-def _same_source(prepared_from: str, source: str) -> bool:
+def _same_source(prepared_from: str | None, source: str | None) -> bool:
     """The same loader call, or the same file (a relative and an absolute path to it agree).
     A folder prepared from an in-memory frame (a notebook's ``rd.prepare(df, ...)``) names no
     source to compare, so the caller does not ask."""
     if prepared_from == source:
         return True
+    if prepared_from is None or source is None:
+        return False
     first, second = Path(prepared_from).expanduser(), Path(source).expanduser()
     return first.exists() and second.exists() and first.resolve() == second.resolve()
 
@@ -110,6 +122,7 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
         items=item_source(cfg),
         item_columns=item_columns(cfg.data),
         source_name=describe(cfg.data.source),  # (None: the path names itself)
+        items_name=describe(cfg.data.get("items")),
     )
     log.info("prepared dataset at %s", out_dir)
     return out_dir

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from recsys.data.synthetic import generate_events
@@ -126,3 +127,46 @@ def test_behavior_weights_on_behaviours_no_training_target_has_are_refused(make_
     with pytest.raises(ValueError, match=r"weighs \['fav'\], but no training target is one of"):
         train.run(cfg)
     assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))
+
+
+def test_a_reused_prepared_folder_must_have_the_configured_item_table(make_config, tmp_path):
+    """The item side table is data too: a folder prepared with one (or none) is refused for a
+    config naming another, or other columns of it (its attributes would not be the ones the
+    run logs)."""
+    events = generate_events(num_users=60, num_items=40, num_categories=4, seed=3)
+    log, table = tmp_path / "events.parquet", tmp_path / "items.parquet"
+    events.write_parquet(log)
+    events.select("item_id", "category").unique("item_id").write_parquet(table)
+    other = tmp_path / "other_items.parquet"
+    events.select("item_id", pl.col("category").alias("genre")).unique("item_id").write_parquet(
+        other
+    )
+    data = ["data=events_file", "data.split.method=leave_one_out", f"data.source={log}"]
+    with_items = [
+        *data,
+        f"+data.items={table}",
+        "data.item_columns.category=category",
+        "data.item_columns.attributes=null",
+    ]
+    folder = prepare.run(make_config("config", with_items), tmp_path / "prepared")
+    reuse = [f"data.prepared_dir={folder}"]
+    assert prepare.prepared(make_config("config", [*with_items, *reuse])) == folder
+    for overrides, difference in (
+        (data, f"data.items: prepared '{table}', config None"),
+        (
+            [
+                *data,
+                f"+data.items={other}",
+                "data.item_columns.category=genre",
+                "data.item_columns.attributes=null",
+            ],
+            f"data.item_columns.category: prepared 'category', config 'genre'; data.items: "
+            f"prepared '{table}', config '{other}'",
+        ),
+    ):
+        with pytest.raises(ValueError, match="was prepared with other data settings") as info:
+            prepare.prepared(make_config("config", [*overrides, *reuse]))
+        assert difference in str(info.value)
+    plain = prepare.run(make_config("config", data), tmp_path / "plain")
+    with pytest.raises(ValueError, match=r"data.items: prepared None, config '.*items.parquet'"):
+        prepare.prepared(make_config("config", [*with_items, f"data.prepared_dir={plain}"]))
