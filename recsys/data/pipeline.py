@@ -27,6 +27,7 @@ interrupted run never leaves a partial dataset (or a partial quarantine file) be
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -406,9 +407,13 @@ def prepare_dataset(
             "temporal split is impossible: use data.split.method=leave_one_out or leave_last_n"
         )
     with _staging(out_dir) as stage:
-        stats, vocab = _prepare(
-            source, name, schema, settings, stage, items, item_columns, items_name
-        )
+        try:
+            stats, vocab = _prepare(
+                source, name, schema, settings, stage, items, item_columns, items_name
+            )
+        except (pl.exceptions.PolarsError, OSError) as err:
+            _raise_if_disk_full(err, stage, name)
+            raise
     log.info(
         "prepared %s: %d users, %d events (%d train), %d items, val/test targets %d/%d -> %s",
         name,
@@ -421,6 +426,17 @@ def prepare_dataset(
         out_dir,
     )
     return stats, vocab
+
+
+def _raise_if_disk_full(err: Exception, stage: Path, name: str) -> None:
+    """ENOSPC from polars (an error text) or from Python (errno) while preparing writes its
+    work files or output: an ``OSError`` naming the disk, not a message blaming the log."""
+    if getattr(err, "errno", None) == errno.ENOSPC or "os error 28" in str(err):
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left on the device of {stage.parent} while preparing {name}: free "
+            "space there, or prepare into a folder on a larger disk",
+        ) from err
 
 
 def _prepare(
@@ -454,11 +470,7 @@ def _prepare(
             "typed",
         )
     except pl.exceptions.PolarsError as err:
-        if "os error 28" in str(err):  # ENOSPC: the work files, not the log, are the problem
-            raise OSError(
-                f"no space left on the device of {stage.parent} while writing the work files "
-                f"of {name}: free space there, or prepare into a folder on a larger disk"
-            ) from err
+        _raise_if_disk_full(err, stage, name)  # the work files, not the log, are the problem
         raise DataError(f"{name} could not be read: {err}") from err
     typed_all = parts.scan("typed")
     bad = problem_summary(typed_all)

@@ -4,6 +4,7 @@ sequences built with a saved vocabulary."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import replace
@@ -650,6 +651,24 @@ def test_a_full_disk_is_not_blamed_on_the_log(tmp_path, monkeypatch):
         raise pl.exceptions.ComputeError("parquet: No space left on device (os error 28)")
 
     monkeypatch.setattr(pipeline._Partitions, "distribute", full)
+    with pytest.raises(OSError, match=r"no space left on the device of .* larger disk"):
+        prepare(synthetic(), tmp_path / "prep")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("error", ["polars", "python"])
+def test_a_full_disk_while_writing_the_output_is_named(tmp_path, monkeypatch, error):
+    """The same for the later writes (the sequences' sink, the vocabulary's files): an OSError
+    naming the disk, not a bare polars ComputeError; nothing is left behind."""
+    from recsys.data import pipeline
+
+    def full(*args, **kwargs):
+        if error == "polars":
+            raise pl.exceptions.ComputeError("parquet: No space left on device (os error 28)")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    target = (pl.LazyFrame, "sink_parquet") if error == "polars" else (pipeline.Vocab, "save")
+    monkeypatch.setattr(*target, full)
     with pytest.raises(OSError, match=r"no space left on the device of .* larger disk"):
         prepare(synthetic(), tmp_path / "prep")
     assert list(tmp_path.iterdir()) == []
