@@ -24,6 +24,11 @@ class MainResult:
 
 
 def run(cfg: DictConfig) -> MainResult:
+    with train.hold_run_folder(cfg):  # the whole job: its scoring writes there too
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> MainResult:
     train.check_run_folder(cfg)  # before the MLflow run opens: a refusal leaves no run
     # the scoring settings need no model: a mistake there should not cost a training
     behaviors = event_schema(cfg.data).behaviors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import shutil
 import signal
@@ -34,6 +35,11 @@ from recsys.tracking import Tracker, flatten, use_tracker
 from recsys.training.callbacks import CheckMonitors, TrainingClock
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import same_target_partners
+
+try:
+    import fcntl
+except ImportError:  # (Windows: no advisory locks; the run folder is not held)
+    fcntl = None
 
 log = logging.getLogger(__name__)
 
@@ -338,6 +344,48 @@ def check_run_folder(cfg: DictConfig) -> None:
         )
 
 
+_HELD: set[Path] = set()  # the run folders this process holds (see hold_run_folder)
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
+    """Hold ``paths.run_dir`` while a training works there: an exclusive lock on its
+    ``.lock`` file, so that a second job given the same folder meanwhile (a scheduler's
+    overlapping start of the same command) is refused at once instead of training beside the
+    first and overwriting its checkpoints. :func:`check_run_folder` sees only a finished
+    training's files; this sees a running one. Re-entrant within a process (the main job holds
+    the folder around its training); the lock goes with the process, however it ends."""
+    run_dir = Path(cfg.paths.run_dir).resolve()
+    if run_dir in _HELD or fcntl is None:
+        yield
+        return
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / LOCK_FILE
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 100).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise FileExistsError(
+            f"paths.run_dir={run_dir} is in use by a job running now ({holder}): wait for it "
+            "to end (then resume=last continues it), or train into another folder (a new "
+            "paths.run_dir=..., or none: each job then gets its own)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"process {os.getpid()} on {os.uname().nodename}".encode())
+    _HELD.add(run_dir)
+    try:
+        yield
+    finally:
+        _HELD.discard(run_dir)
+        if created and {p.name for p in run_dir.iterdir()} == {LOCK_FILE}:
+            shutil.rmtree(run_dir)  # a job refused before any work leaves no folder behind
+        os.close(fd)
+
+
 def check_settings(cfg: DictConfig) -> None:
     """Settings that Lightning would take without complaint or refuse without naming them,
     checked before any work: the seed, ``trainer.max_epochs`` and each callback's
@@ -363,6 +411,11 @@ def check_settings(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
+    with hold_run_folder(cfg):
+        return _run(cfg, tracker)
+
+
+def _run(cfg: DictConfig, tracker: Tracker | None) -> TrainResult:
     check_run_folder(cfg)
     check_settings(cfg)
     check_model_settings(cfg)

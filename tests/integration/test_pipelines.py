@@ -553,7 +553,8 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
         train.run(make_config("config", [*again, "data.source.num_users=160"]))
     # the refused resume left the run's data as it was, so it can still be continued
     assert {p.name: p.read_bytes() for p in prepared.iterdir()} == before
-    assert sorted(p.name for p in prepared.parent.iterdir() if p.name.startswith(".")) == []
+    staged = [p.name for p in prepared.parent.iterdir() if p.name.startswith(".")]
+    assert sorted(staged) == [train.LOCK_FILE]  # no staging folder left (the lock stays)
     elsewhere = make_config("config", [*again, f"paths.run_dir={last.parents[2] / 'new'}"])
     with pytest.raises(FileNotFoundError, match=r"checkpoints/last.ckpt does not exist: pass"):
         train.run(elsewhere)
@@ -614,6 +615,49 @@ def test_training_into_a_run_folder_that_holds_a_training_is_refused_before_any_
     fresh = make_config("config", [*base, f"paths.run_dir={run_dir.parent / 'another'}"])
     with pytest.raises(AssertionError, match="the data was prepared"):
         train.run(fresh)
+
+
+def test_a_run_folder_a_running_job_holds_is_refused(make_config, monkeypatch, tmp_path):
+    """A second job given the folder a job is training in right now (a scheduler starting the
+    same command twice) is refused before any work, naming the holder: the first job has no
+    checkpoint yet, so check_run_folder alone would let both train there. Once the holder has
+    ended, the folder is free again; a job refused before any work leaves no folder."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(run_dir / train.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'process 7 on the scheduler')\n"
+            "print('held', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+
+        def no_preparation(*args, **kwargs):
+            raise AssertionError("the data was prepared")
+
+        monkeypatch.setattr(train.prepare, "run", no_preparation)
+        cfg = make_config("config", [*TINY, "logger=none", f"paths.run_dir={run_dir}"])
+        message = rf"paths.run_dir={run_dir} is in use by a job running now \(process 7 on the"
+        with pytest.raises(FileExistsError, match=message):
+            main.run(cfg)
+        with pytest.raises(FileExistsError, match=message):
+            train.run(cfg)
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(AssertionError, match="the data was prepared"):  # free again
+        train.run(cfg)
+    other = make_config("config", [*TINY, "logger=none", f"paths.run_dir={tmp_path / 'new'}"])
+    with pytest.raises(AssertionError, match="the data was prepared"):
+        main.run(other)
+    assert not (tmp_path / "new").exists()
 
 
 def test_default_run_folders_of_jobs_started_in_the_same_second_differ(monkeypatch):
