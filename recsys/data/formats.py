@@ -17,7 +17,9 @@ SASRec: ml-1m.txt               read_sasrec                   user_id, item_id (
 SASRec ML-1M Parquet copy       read_movielens_sasrec_copy    user_id, item_id (user, position)
 RetailRocket: events.csv        read_retailrocket             user_id, item_id, event_type,
                                                               timestamp (ms), transaction_id
-RetailRocket: item_properties*  read_retailrocket_categories  item_id, category (latest)
+RetailRocket: item_properties*  read_retailrocket_categories  item_id, category (latest;
+                                                              history=True: every change
+                                                              + timestamp (ms))
 ==============================  ============================  ====================================
 
 Ids, ``category`` of Taobao, timestamps and ``transaction_id`` are Int64; ``rating`` is Float64;
@@ -91,6 +93,7 @@ _TEXT = "_text"  # the line's text, stripped
 _FILE = "_file"
 _STRIP = " \t\r\n\ufeff"  # whitespace, CR of CRLF files and a UTF-8 byte-order mark
 _GZIP_MAGIC = b"\x1f\x8b"
+_UTF8_BOM = b"\xef\xbb\xbf"
 _HEAD_BYTES = 1 << 16
 _CHUNK_BYTES = 1 << 24
 
@@ -183,6 +186,8 @@ def _read_source(path: PathLike, what: str, *, encoding: str = "utf-8") -> _Sour
             head = f.read(_HEAD_BYTES)
         _reject_non_text(p, head, what)
 
+    if head.startswith(_UTF8_BOM):  # the mark says UTF-8, whatever the format's usual encoding
+        encoding = "utf-8"
     head_lines = head.split(b"\n")
     first_idx = next(
         (i for i, line in enumerate(head_lines) if line.decode(encoding, "replace").strip(_STRIP)),
@@ -361,7 +366,8 @@ def read_s3rec(path: PathLike) -> pl.LazyFrame:
     Each line is one user's chronological sequence ``user item1 item2 ...`` (space-separated, no
     timestamps). Returns ``user_id, item_id`` (Int64), one row per interaction, in file order (the
     pipeline reads order-only logs by input order). A line holding only a user id gives one row
-    with a null ``item_id``; a token that is not an integer gives a null.
+    with a null ``item_id``; a token that is not an integer gives a null. A user id on more than
+    one line is refused (:class:`~recsys.data.io.DataError`): the lines' order is no time order.
 
     >>> read_s3rec("Beauty.txt").head(3).collect().rows()   # doctest: +SKIP
     [(1, 1), (1, 2), (1, 3)]
@@ -374,6 +380,24 @@ def read_s3rec(path: PathLike) -> pl.LazyFrame:
             "('user item1 item2 ...', space-separated integers); is this the right file?"
         )
     split = pl.col(_TEXT).str.split(" ")
+    repeated = (
+        _scan_lines(src, " ")
+        .select(_LINE, _int(split.list.first()).alias(USER))
+        .drop_nulls(USER)
+        .group_by(USER)
+        .agg(pl.col(_LINE).sort() + 1)
+        .filter(pl.col(_LINE).list.len() > 1)
+        .sort(USER)
+        .collect()
+    )
+    if repeated.height:
+        user, lines = repeated.row(0)
+        raise DataError(
+            f"{src.path}: user {user} has more than one line (lines {lines[:5]}), and "
+            f"{repeated.height} user(s) in all; the format has one line per user, so their "
+            "sequences would be joined into one (a file appended to itself repeats every "
+            "item, the test target included): remove the repeated lines"
+        )
     items = split.list.slice(1)
     return (
         _scan_lines(src, " ")
@@ -580,7 +604,7 @@ def read_movielens_movies(path: PathLike) -> pl.LazyFrame:
 _RETAILROCKET_PROPERTIES_HEADER = "timestamp,itemid,property,value"
 
 
-def read_retailrocket_categories(*paths: PathLike) -> pl.LazyFrame:
+def read_retailrocket_categories(*paths: PathLike, history: bool = False) -> pl.LazyFrame:
     """RetailRocket item categories from ``item_properties_part1.csv``, ``..._part2.csv``.
 
     Each file has the header ``timestamp,itemid,property,value``; rows whose ``property`` is
@@ -589,6 +613,11 @@ def read_retailrocket_categories(*paths: PathLike) -> pl.LazyFrame:
     given; a null timestamp counts as the oldest). Returns ``item_id`` (Int64) and ``category``
     (str), one row per item, sorted by ``item_id``; an unparseable item id is kept as a null
     ``item_id`` row.
+
+    ``history=True`` returns every ``categoryid`` row instead, with its ``timestamp`` (Int64,
+    Unix ms), in file order: with ``data.item_columns.timestamp=timestamp`` the pipeline then
+    takes each item's latest value at the end of the training window, so a category recorded
+    later (in the validation or test period) is not used (``conf/data/retailrocket.yaml``).
 
     >>> read_retailrocket_categories("item_properties_part1.csv", "item_properties_part2.csv")
     ... # doctest: +SKIP
@@ -614,9 +643,11 @@ def read_retailrocket_categories(*paths: PathLike) -> pl.LazyFrame:
                 _int(_field("timestamp")).alias(TIMESTAMP),
             )
         )
+    rows = pl.concat(frames, how="vertical")
+    if history:
+        return rows.select(ITEM, CATEGORY, TIMESTAMP)
     return (
-        pl.concat(frames, how="vertical")
-        .group_by(ITEM)
+        rows.group_by(ITEM)
         .agg(pl.col(CATEGORY).sort_by(TIMESTAMP, _FILE, _LINE, nulls_last=False).last())
         .sort(ITEM, nulls_last=False)
     )

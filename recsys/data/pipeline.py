@@ -82,6 +82,7 @@ from recsys.data.validate import (
     problem_summary,
     raw_as_text,
     tidy_keys,
+    timestamp_expr,
 )
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import ITEM_INDEX, Vocab
@@ -605,7 +606,9 @@ def _prepare(
     train = training_events(final, positions, settings.split, points)
     item_table = None
     if items is not None:
-        item_table = _item_table(items, item_columns, schema, final.collect_schema()[ITEM])
+        item_table = _item_table(
+            items, item_columns, schema, final.collect_schema()[ITEM], train=train
+        )
     vocab = Vocab.fit(
         train,
         behaviors=schema.behaviors,
@@ -757,8 +760,15 @@ def _item_table(
     item_columns: Mapping[str, str | None] | None,
     schema: EventSchema,
     item_dtype: pl.DataType,
+    *,
+    train: pl.LazyFrame,
 ) -> pl.LazyFrame:
-    """The item side table as ``item_id`` (the event log's id type) + ``attributes`` list."""
+    """The item side table as ``item_id`` (the event log's id type) + ``attributes`` list.
+
+    A time-versioned table (``item_columns.timestamp`` set: one row per value and the moment it
+    took effect) gives each item its latest value at the last training event: values recorded
+    after the training window never reach the vocabulary (a null moment counts as the oldest).
+    """
     columns = dict(item_columns or DEFAULT_ITEM_COLUMNS)
     lf = scan_items(items, columns)
     types = lf.collect_schema()
@@ -770,6 +780,23 @@ def _item_table(
         option=f"data.item_columns.{side}",
     )
     name = describe_source(items)
+    if TIMESTAMP in types:
+        if not schema.has(TIMESTAMP):
+            raise DataError(
+                f"{name}: data.item_columns.timestamp={columns[TIMESTAMP]!r} dates the item "
+                "table, but the event log is order-only (data.columns.timestamp=null), so "
+                "there is no training cut to date it against: set data.item_columns.timestamp"
+                "=null"
+            )
+        train_end = train.select(pl.col(TIMESTAMP).max()).collect(engine="streaming").item()
+        moment = timestamp_expr(types[TIMESTAMP], schema.timestamp_unit)
+        lf = (
+            lf.with_row_index("_row")
+            .with_columns(moment.alias(TIMESTAMP))
+            .filter(pl.col(TIMESTAMP).is_null() | (pl.col(TIMESTAMP) <= train_end))
+            .group_by(ITEM)
+            .agg(pl.all().sort_by(TIMESTAMP, "_row", nulls_last=False).last())
+        )
     try:
         table = lf.select(pl.col(ITEM).cast(item_dtype), attributes.alias(ATTRIBUTES)).collect(
             engine="streaming"

@@ -168,7 +168,8 @@ def parse_instant(value: str | datetime | None, *, option: str) -> datetime | No
     return instant
 
 
-def _timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
+def timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
+    """The ``timestamp`` column of type ``dtype`` as a UTC datetime (numbers in ``unit``)."""
     col = pl.col(TIMESTAMP)
     scale = {"s": 1_000_000, "ms": 1_000}[unit]
     if dtype == pl.String:
@@ -306,7 +307,7 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
     if TIMESTAMP in types:
         columns += [
             pl.col(TIMESTAMP).alias(RAW_TIMESTAMP),  # input type; text only where quoted
-            _timestamp_expr(types[TIMESTAMP], schema.timestamp_unit).alias(TIMESTAMP),
+            timestamp_expr(types[TIMESTAMP], schema.timestamp_unit).alias(TIMESTAMP),
         ]
     else:  # order-only log: input order, one microsecond apart
         columns += [

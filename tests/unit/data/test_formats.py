@@ -18,6 +18,7 @@ from conftest import SHARED_DATA
 from hydra.utils import instantiate
 from polars.testing import assert_frame_equal
 
+from recsys.data import prepare
 from recsys.data.formats import (
     read_movielens_movies,
     read_movielens_ratings,
@@ -249,6 +250,17 @@ def test_s3rec_and_sasrec_tiny(tmp_path):
     )
 
 
+def test_s3rec_user_on_two_lines_is_refused(tmp_path):
+    """A duplicated line (a file appended to itself) must not silently double a sequence: the
+    leave-one-out test item would then sit in its own input history."""
+    text = "1 1 2 3\n2 4 5 6\n"
+    path = write(tmp_path / "Beauty.txt", text + text)
+    with pytest.raises(
+        DataError, match=r"Beauty.txt: user 1 has more than one line \(lines \[1, 3\]\)"
+    ):
+        read_s3rec(path)
+
+
 def test_movielens_ratings_dat(tmp_path):
     path = write(
         tmp_path / "ratings.dat",
@@ -297,6 +309,18 @@ def test_movielens_movies_latin1_and_colons_in_titles(tmp_path):
         ITEM_ATTRIBUTES_SCHEMA,
     )
     assert_frame_equal(read_movielens_movies(path).collect(), expected)
+
+
+@pytest.mark.parametrize("name", ["movies.dat", "movies.dat.gz"])
+def test_movielens_movies_with_a_byte_order_mark(tmp_path, name):
+    """movies.dat saved as UTF-8 with a BOM (an editor's "UTF-8 with BOM"): the mark is not
+    read as latin-1 text ("ï»¿73" is no MovieID), so the first record is not refused."""
+    text = "\ufeff73::Misérables, Les (1995)::Drama|Musical\r\n1::Toy Story (1995)::Animation\r\n"
+    path = write(tmp_path / name, text)
+    assert read_movielens_movies(path).collect().rows() == [
+        (73, ["Drama", "Musical"]),
+        (1, ["Animation"]),
+    ]
 
 
 def test_s3rec_attributes_tiny(tmp_path):
@@ -369,6 +393,42 @@ def test_retailrocket_categories_latest_value_wins(tmp_path):
     assert_frame_equal(read_retailrocket_categories(part1, part2).collect(), expected)
     only_part1 = read_retailrocket_categories(part1).collect()
     assert only_part1.rows() == [(460429, "1338")]
+
+
+def test_retailrocket_category_set_after_the_training_cut_is_not_used(make_config, tmp_path):
+    """Item 460429's category changes from 1338 to 999 after the last event: training (and so
+    the vocabulary) must see 1338, the value in force then, as data=retailrocket configures."""
+    t0 = 1433221332117
+    day = 86_400_000
+    lines = [
+        f"{t0 + (10 * u + k) * day},{u},view,{(u + k) % 4 + 460426},\n"
+        for u in range(4)
+        for k in range(6)
+    ]
+    events = write(tmp_path / "events.csv", EVENTS_CSV.splitlines(True)[0] + "".join(lines))
+    properties = (
+        PROPERTIES_HEADER
+        + "".join(f"{t0 - day},{item},categoryid,1338\n" for item in range(460426, 460430))
+        + f"{t0 + 100 * day},460429,categoryid,999\n"
+    )  # after every event
+    part1 = write(tmp_path / "item_properties_part1.csv", properties)
+    part2 = write(tmp_path / "item_properties_part2.csv", PROPERTIES_HEADER)
+    cfg = make_config(
+        "config",
+        ["data=retailrocket", f"data.source.path={events}", f"data.items._args_=[{part1},{part2}]"],
+    )
+    prepare(
+        instantiate(cfg.data.source),
+        tmp_path / "prepared",
+        items=instantiate(cfg.data["items"]),
+        item_columns=dict(cfg.data.item_columns),
+        columns=dict(cfg.data.columns),
+        behaviors=list(cfg.data.behaviors),
+        behavior_aliases=dict(cfg.data.behavior_aliases),
+        timestamp_unit="ms",
+    )
+    attributes = pl.read_parquet(tmp_path / "prepared" / "attributes.parquet")
+    assert attributes["attribute"].to_list() == ["1338"]
 
 
 # ---------------------------------------------------------------------------------------------
