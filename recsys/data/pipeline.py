@@ -623,6 +623,9 @@ def _prepare(
             + (f"lower data.min_item_count={count}, or " if count > 1 else "")
             + settings.split.widening()
         )
+    items_listed = None
+    if item_table is not None:
+        items_listed = _log_item_coverage(vocab, item_table, describe_source(items))
 
     clock.lap("vocabulary")
 
@@ -686,6 +689,7 @@ def _prepare(
         "source": name,
         "items_source": None if items is None else items_name or describe_source(items),
         "item_columns": None if items is None else dict(item_columns or DEFAULT_ITEM_COLUMNS),
+        "items_listed": items_listed,  # training items the item table gives attributes
         "fingerprint": _fingerprint(rows_read, digest[0], items_hash, settings, schema),
         "rows_read": rows_read,
         "bad_rows": bad,
@@ -807,6 +811,31 @@ def _item_table(
             f"({err}): export both with the same id type"
         ) from err
     return table.lazy()
+
+
+def _log_item_coverage(vocab: Vocab, item_table: pl.LazyFrame, name: str) -> int:
+    """How many vocabulary items the item table lists, logged: a table that lists none (ids of
+    another numbering, the wrong file) would otherwise leave every item's attributes to its
+    events, or UNK, without a word."""
+    listed = int(
+        vocab.items.lazy()
+        .join(item_table.select(ITEM), on=ITEM, how="semi")
+        .select(pl.len())
+        .collect()
+        .item()
+    )
+    total = vocab.items.height
+    if listed == 0:
+        log.warning(
+            "the item table %s lists none of the %d training items: their attributes come "
+            "from their events (or are unknown). Check that data.items has the log's item ids "
+            "(data.item_columns.item_id names its id column)",
+            name,
+            total,
+        )
+    else:
+        log.info("the item table %s lists %d of the %d training items", name, listed, total)
+    return listed
 
 
 def _drop_unknown_targets(sequences: pl.DataFrame) -> tuple[pl.DataFrame, dict[str, int]]:

@@ -108,3 +108,24 @@ def test_item_table_with_attribute_sets(tmp_path):
     assert len(table) == vocab.num_items and all(len(row) == 3 for row in table)
     # order-only log: every user's events keep the input order
     assert ds.events()["item_id"].to_list() == events["item"].to_list()
+
+
+def test_an_item_table_that_lists_no_training_item_is_reported(tmp_path, caplog):
+    """A side table of other ids (another numbering, the wrong file) would leave every item
+    without its attributes silently: the log says so and stats.json counts the listed items."""
+    events = pl.DataFrame({"user": [1] * 4 + [2] * 4, "item": [10, 11, 12, 13, 10, 11, 12, 13]})
+    rotated = pl.DataFrame({"user": [3] * 4 + [4] * 4, "item": [12, 13, 10, 11] * 2})
+    events = pl.concat([events, rotated])  # every item in some user's training events
+    options = {
+        "columns": {"user_id": "user", "item_id": "item", "timestamp": None, "event_type": None},
+        "item_columns": {"item_id": "item", "attributes": "tags"},
+        "split": {"method": "leave_one_out"},
+    }
+    other = pd.DataFrame({"item": [1, 2], "tags": [["a"], ["b"]]})
+    with caplog.at_level("WARNING", logger="recsys.data.pipeline"):
+        ds = rd.prepare(events, tmp_path / "none", items=other, **options)
+    assert ds.stats["items_listed"] == 0
+    assert "lists none of the 4 training items" in caplog.text
+    assert "data.item_columns.item_id" in caplog.text
+    some = pd.DataFrame({"item": [10, 99], "tags": [["a"], ["b"]]})  # 99: no event has it
+    assert rd.prepare(events, tmp_path / "some", items=some, **options).stats["items_listed"] == 1
