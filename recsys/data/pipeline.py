@@ -185,6 +185,10 @@ def load_events(
     policy = bad_rows or BadRowPolicy()
     name = describe_source(source)
     lf = scan_events(source, schema).with_row_index(ROW)
+    if isinstance(lf.collect_schema()[ITEM], (pl.Categorical, pl.Enum)):
+        # a pandas ``category`` column or a dictionary-encoded Parquet one: the ids are its
+        # values, and polars casts categories only to text (to meet an integer vocabulary)
+        lf = lf.with_columns(pl.col(ITEM).cast(pl.String))
     as_of = as_of or datetime.now(UTC)
     classified = _collect(
         lf.pipe(normalize, schema=schema).pipe(classify, as_of=as_of), name

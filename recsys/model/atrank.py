@@ -70,7 +70,7 @@ from recsys.model.layers import (
     init_linear_layers,
     never_recommended,
 )
-from recsys.model.outputs import EncoderOutput
+from recsys.model.outputs import EncoderOutput, history_attention
 from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
 
 
@@ -554,13 +554,7 @@ class ATRank(nn.Module):
             empty history).
         """
         keys = self._keys(candidates)  # (B, N, D)
-        logits = self.rerank_query(keys) @ output.hidden.transpose(1, 2)  # (B, N, T)
-        logits = logits / math.sqrt(self.d_model)
-        real = output.padding_mask[:, None, :]  # (B, 1, T)
-        # A finite fill, not -inf: a row with no real position then gives uniform weights that
-        # the multiplication below zeroes, instead of NaN.
-        logits = logits.masked_fill(~real, torch.finfo(logits.dtype).min)
-        weights = logits.softmax(dim=-1) * real  # (B, N, T)
+        weights = history_attention(self.rerank_query(keys), output)  # (B, N, T)
         user = self.rerank_output(weights @ output.hidden)  # (B, N, D)
         user = user + output.query[:, None, :]  # (B, N, D)
         scores = (user * keys).sum(dim=-1) + self.item_bias[candidates]  # (B, N)
@@ -569,6 +563,16 @@ class ATRank(nn.Module):
         if return_attention:
             return scores, weights
         return scores
+
+    def explanation_weights(self, output: EncoderOutput, candidates: torch.Tensor) -> torch.Tensor:
+        """Which history positions each candidate's score leans on (B, N, T), for scoring's
+        ``explain_*`` columns: the target-attention weights once that head is trained (with
+        ``training.rerank_top_n`` or the target-attention objective); before, its weights
+        change no score (its output layer starts at zero), so the candidate key's match with
+        each history state is shown instead, as for SASRec."""
+        if any(p.any() for p in self.rerank_output.parameters()):
+            return self.rerank_scores(output, candidates, return_attention=True)[1]
+        return history_attention(self._keys(candidates), output)
 
 
 def _check_score_temperature(value: object) -> float | None:

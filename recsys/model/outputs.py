@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,3 +22,15 @@ class EncoderOutput:
     hidden: torch.Tensor
     query: torch.Tensor
     padding_mask: torch.Tensor
+
+
+def history_attention(probes: torch.Tensor, output: EncoderOutput) -> torch.Tensor:
+    """Which history positions each probe matches: a softmax over the real positions of
+    ``probe · hidden_t / sqrt(D)``. Shapes: probes (B, N, D) -> weights (B, N, T), summing to
+    1 over real positions, 0 on padding (all 0 for an empty history)."""
+    logits = probes @ output.hidden.transpose(1, 2) / math.sqrt(probes.shape[-1])  # (B, N, T)
+    real = output.padding_mask[:, None, :]  # (B, 1, T)
+    # A finite fill, not -inf: a row with no real position then gives uniform weights that
+    # the multiplication zeroes, instead of NaN.
+    logits = logits.masked_fill(~real, torch.finfo(logits.dtype).min)
+    return logits.softmax(dim=-1) * real

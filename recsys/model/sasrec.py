@@ -21,8 +21,6 @@ ranking keeps the retrieval order.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -43,7 +41,7 @@ from recsys.model.layers import (
     init_linear_layers,
     never_recommended,
 )
-from recsys.model.outputs import EncoderOutput
+from recsys.model.outputs import EncoderOutput, history_attention
 from recsys.schema import NUM_RESERVED, PAD_IDX
 
 
@@ -196,8 +194,9 @@ class SASRec(nn.Module):
         scores = self.score_candidates(output.query, candidates)
         if not return_attention:
             return scores
-        keys = self.item_keys_of(candidates)  # (B, N, D)
-        logits = keys @ output.hidden.transpose(1, 2) / math.sqrt(self.d_model)  # (B, N, T)
-        real = output.padding_mask[:, None, :]
-        logits = logits.masked_fill(~real, torch.finfo(logits.dtype).min)
-        return scores, logits.softmax(dim=-1) * real
+        return scores, self.explanation_weights(output, candidates)
+
+    def explanation_weights(self, output: EncoderOutput, candidates: torch.Tensor) -> torch.Tensor:
+        """Which history positions each candidate matches (B, N, T): a softmax over real
+        positions of ``key_c · hidden_t / sqrt(D)`` (scoring's ``explain_*`` columns)."""
+        return history_attention(self.item_keys_of(candidates), output)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,6 +83,9 @@ class ScoringOptions:
     faiss: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, value in vars(self).items():  # np.int64 from a notebook: the int it is
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, int(value))
         for name in ("top_k", "item_chunk_size", "user_chunk_size", "batch_size", "min_history"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -397,7 +401,7 @@ class Recommender:
         candidates = torch.where(
             (source == 0) & (items < self.num_model_items), items, PAD_IDX
         )  # (B, K)
-        _, weights = self.encoder.rerank_scores(output, candidates, return_attention=True)
+        weights = self.encoder.explanation_weights(output, candidates)
         weights = weights * (candidates != PAD_IDX)[..., None]  # (B, K, T)
         count = min(self.options.explanations, weights.shape[2])
         top_weights, position = weights.topk(count, dim=2)  # (B, K, c)

@@ -15,7 +15,9 @@ recommendations and to the cold-start fallback:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import numbers
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +60,8 @@ class Rules:
                     f"model's behaviours {list(behaviors)}"
                 )
         cap = options.get("max_per_category")
+        if isinstance(cap, numbers.Integral) and not isinstance(cap, bool):
+            cap = int(cap)  # np.int64 from a notebook
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(
                 f"retrieval.rules.max_per_category={cap!r} must be a positive integer or null"
@@ -69,7 +73,7 @@ class Rules:
                 f"behaviours {list(behaviors)}"
             )
         lists = {
-            k: (tuple(v) if isinstance(v, Sequence) and not isinstance(v, str) else v)
+            k: _item_list(v, k)
             for k in ("allow_list", "deny_list")
             if (v := options.get(k)) is not None
         }
@@ -111,6 +115,19 @@ class Rules:
         if self.deny_list is not None:
             blocked[_list_indices(self.deny_list, catalogue, "deny_list")] = True
         return blocked
+
+
+def _item_list(value, name: str) -> str | tuple:
+    """A list rule as given: a file name (``str`` or path) or ids in any collection (a list, a
+    set, a numpy array, a pandas / polars Series), kept as a tuple."""
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        return tuple(value)
+    raise ValueError(
+        f"retrieval.rules.{name}={value!r}: give a file of item ids (.csv, .parquet, .txt) or a "
+        f"list of item ids (e.g. [{value!r}])"
+    )
 
 
 def _list_path(source: str, name: str) -> Path:

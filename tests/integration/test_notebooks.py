@@ -72,7 +72,7 @@ def test_quickstart_writes_recommendations(notebook_dir):
     summary = json.loads((recs / "_summary.json").read_text())
     assert summary["users"] == 150
     assert summary["rows"] == 150 * 10
-    assert (notebook_dir / "outputs" / "train" / "checkpoints" / "best.ckpt").is_file()
+    assert list((notebook_dir / "outputs" / "train").glob("*/checkpoints/best.ckpt"))
 
 
 def test_analyst_plots_coverage_popularity_and_attention(notebook_dir, monkeypatch):
@@ -83,6 +83,15 @@ def test_analyst_plots_coverage_popularity_and_attention(notebook_dir, monkeypat
     assert len(heatmap) == 1, "analyst.ipynb tags its heatmap cell 'heatmap'"
     assert len(images(heatmap[0])) == 1
     assert sum(len(images(c)) for c in code) >= 2  # coverage / popularity and the heatmap
+
+
+def test_quickstart_runs_again_in_the_same_folder(notebook_dir, monkeypatch):
+    """Restart & Run All: a second run with the same OUTPUT_DIR trains into a new folder (a
+    run folder that already holds a training is refused) and scores over the first output."""
+    kernel_environment(monkeypatch, notebook_dir)
+    execute("quickstart.ipynb", notebook_dir)
+    trainings = list((notebook_dir / "outputs" / "train").glob("*/checkpoints/best.ckpt"))
+    assert len(trainings) == 2
 
 
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "analyst.ipynb"])

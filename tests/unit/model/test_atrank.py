@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from recsys.model import ATRank, EncoderOutput
 from recsys.model.layers import attention_mask
+from recsys.model.outputs import history_attention
 from recsys.model.sasrec import SASRec
 from recsys.schema import PAD_IDX, UNK_IDX
 
@@ -380,6 +381,22 @@ def test_untrained_rerank_head_scores_as_retrieval_does() -> None:
             model.rerank_scores(output, candidates),
             model.score_candidates(output.query, candidates),
         )
+
+
+def test_explanations_come_from_the_head_only_once_it_is_trained() -> None:
+    """An untrained head (output layer at zero) changes no score, so its attention would
+    explain nothing: the candidate key's match with each history state is shown instead (as
+    for SASRec). Once the head is trained, its attention is what the score leans on."""
+    model = make_model()
+    with torch.no_grad():
+        output = model(*make_tokens([3, 6], seq_len=6))
+        candidates = torch.tensor([[2, 5, 9], [3, 4, 6]])
+        similarity = history_attention(model._keys(candidates), output)
+        torch.testing.assert_close(model.explanation_weights(output, candidates), similarity)
+        model.rerank_output.weight.fill_(0.01)
+        _, attention = model.rerank_scores(output, candidates, return_attention=True)
+        torch.testing.assert_close(model.explanation_weights(output, candidates), attention)
+    assert not torch.allclose(attention, similarity)
 
 
 def test_rerank_score_does_not_depend_on_other_candidates() -> None:

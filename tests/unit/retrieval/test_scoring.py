@@ -114,6 +114,31 @@ def test_allow_and_deny_lists(setup, tmp_path):
         _score(model, events, rules={"deny_list": str(tmp_path / "missing.csv")})
 
 
+@pytest.mark.parametrize(
+    "as_given",
+    [np.array, pl.Series, lambda ids: __import__("pandas").Series(ids), set, "path"],
+    ids=["numpy", "polars", "pandas", "set", "path"],
+)
+@pytest.mark.parametrize("rule", ["allow_list", "deny_list"])
+def test_item_lists_as_a_notebook_holds_them(setup, tmp_path, as_given, rule):
+    """Allow / deny lists as an array, a Series, a set or a Path work as the list / file name."""
+    model, events = setup
+    ids = model.vocab.items[ITEM].head(20).to_list()
+    expected = _score(model, events, rules={rule: ids})
+    if as_given == "path":
+        pl.DataFrame({ITEM: ids}).write_csv(tmp_path / "ids.csv")
+        given = tmp_path / "ids.csv"
+    else:
+        given = as_given(ids)
+    assert _score(model, events, rules={rule: given}).equals(expected)
+
+
+def test_an_item_list_that_is_no_list_is_named(setup):
+    model, events = setup
+    with pytest.raises(ValueError, match=r"retrieval.rules.deny_list=5: .* list of item ids"):
+        _score(model, events, rules={"deny_list": 5})
+
+
 def test_max_per_category(setup):
     model, events = setup
     unlimited = _score(model, events, rules={"exclude": "none"})
@@ -346,11 +371,41 @@ def test_absurd_settings_are_refused(setup, retrieval, message):
         recommend_frame(model, events, retrieval=retrieval)
 
 
+def test_numpy_integers_are_integers(setup):
+    """Settings computed in a notebook (``np.int64``) are taken as the integers they are."""
+    model, events = setup
+    expected = _score(model, events, rerank_top_n=8, rules={"max_per_category": 2})
+    frame = recommend_frame(
+        model,
+        events,
+        retrieval={
+            "top_k": np.int64(TOP_K),
+            "rerank_top_n": np.int32(8),
+            "explanations": np.int64(3),
+            "rules": {"max_per_category": np.int64(2)},
+        },
+    )
+    assert frame.equals(expected)
+
+
 def test_log_of_another_shop_is_refused(setup):
     model, events = setup
     other = events.with_columns((pl.col(ITEM) + 10_000_000).alias(ITEM))
     with pytest.raises(DataError, match="none of its .* item ids are in the model's vocabulary"):
         _score(model, other)
+
+
+@pytest.mark.parametrize("frame", ["polars", "pandas"])
+def test_categorical_item_ids_score_as_their_ids(setup, frame):
+    """An item column of categories (pandas ``category``, a dictionary-encoded Parquet column)
+    is matched with an integer vocabulary by its values, like the same ids as text."""
+    model, events = setup
+    if frame == "polars":
+        log = events.with_columns(pl.col(ITEM).cast(pl.String).cast(pl.Categorical))
+    else:
+        log = events.to_pandas()
+        log[ITEM] = log[ITEM].astype(str).astype("category")
+    assert _score(model, log).equals(_score(model, events))
 
 
 def first_rows(model, events, count: int):
