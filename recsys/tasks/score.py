@@ -26,7 +26,7 @@ from recsys.checkpoint import LoadedModel, load_checkpoint, model_digest
 from recsys.config import event_schema, prepare_settings, to_container
 from recsys.data.io import DataError, EventSource
 from recsys.data.pipeline import events_fingerprint, load_events
-from recsys.data.validate import parse_instant
+from recsys.data.validate import BadRowPolicy, parse_instant
 from recsys.retrieval.output import PartitionedOutput, check_formats
 from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
 from recsys.retrieval.rules import Rules
@@ -192,19 +192,29 @@ def recommend_frame(
     retrieval: Mapping[str, Any] | None = None,
     as_of: str | datetime | None = None,
     device: str | None = None,
+    bad_rows: Mapping[str, str] | None = None,
 ) -> pl.DataFrame:
     """Recommendations for every user of ``events`` (a frame or file with the columns the
     model was trained with, unless ``schema`` says otherwise), in memory. ``retrieval``:
     ``conf/retrieval`` keys, e.g. ``{"top_k": 5, "rules": {"max_per_category": 2}}``, its
     ``as_of`` and ``accelerator`` included (``as_of`` / ``device`` here win over them; without
-    either the device is the CPU)."""
+    either the device is the CPU). ``bad_rows``: ``data.bad_rows``' policies, e.g.
+    ``{"unknown_behavior": "drop"}`` where a message names ``data.bad_rows.unknown_behavior``.
+    Without ``as_of`` the lists are for the moment of the frame's last event, so a subset of
+    the users may get other lists than the whole log: give ``as_of`` to compare."""
     retrieval = dict(to_container(retrieval) or {})
     if as_of is None:
         as_of = retrieval.get("as_of")
     if device is None:
         device = pick_device(retrieval.get("accelerator", "cpu"), option="retrieval.accelerator")
     job = _Job.load(
-        model, events, schema or model.schema, retrieval, as_of=as_of, source_name="events"
+        model,
+        events,
+        schema or model.schema,
+        retrieval,
+        as_of=as_of,
+        source_name="events",
+        bad_rows=BadRowPolicy.from_dict(to_container(bad_rows)),
     )
     recommender = Recommender(model, job.data, rules=job.rules, options=job.options, device=device)
     data, options = job.data, job.options

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from polars.testing import assert_frame_equal
 
 from recsys.checkpoint import LoadedModel
 from recsys.data.dataset import SequenceStore, TargetRows
@@ -704,3 +705,21 @@ def test_the_faiss_cache_keeps_the_most_recently_used_files(tmp_path, caplog):
     for wrong in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="retrieval.faiss.cache_keep"):
             job(0.0, cache_keep=wrong)
+
+
+def test_bad_row_policies_are_given_to_recommend_frame(setup):
+    """The message of a bad row names data.bad_rows.<kind>; a notebook passes the same policy
+    as ``bad_rows``, and the rows it drops are the only difference."""
+    model, events = setup
+    odd = events.head(1).with_columns(pl.lit("wishlist").alias("event_type"))
+    with pytest.raises(DataError, match=r"data.bad_rows.unknown_behavior"):
+        recommend_frame(model, pl.concat([events, odd]), retrieval={"top_k": TOP_K})
+    dropped = recommend_frame(
+        model,
+        pl.concat([events, odd]),
+        retrieval={"top_k": TOP_K},
+        bad_rows={"unknown_behavior": "drop"},
+    )
+    assert_frame_equal(dropped, _score(model, events))
+    with pytest.raises(ValueError, match=r"data.bad_rows.unknown_behavior='skip': use one of"):
+        recommend_frame(model, events, bad_rows={"unknown_behavior": "skip"})
