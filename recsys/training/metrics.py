@@ -2,7 +2,8 @@
 
 Rank convention: rank 1 is the best; a target's rank is ``1 + (number of items scoring strictly
 higher)``, so ties are resolved in the target's favour (the S3-Rec family's convention). A
-target whose own score is ``-inf`` (excluded, e.g. as a seen item) is a miss.
+target whose own score is ``-inf`` (excluded, e.g. as a seen item) or NaN (a diverged model:
+nothing compares higher than NaN, so it would otherwise rank first) is a miss.
 
 Worked example, scores ``[0.1, 0.9, 0.5, 0.5]`` and target item 2 -> rank 2:
 HR@1 = 0, HR@2 = 1, NDCG@2 = 1 / log2(3) = 0.631, MRR@2 = 0.5.
@@ -18,6 +19,9 @@ import torch
 from recsys.schema import NUM_RESERVED
 
 UNKNOWN_TARGET_POLICIES = ("skip", "miss")
+# the rank of a target that is not ranked (excluded, NaN, absent from a list): beyond every
+# cutoff, even one larger than the catalogue, and 0 in the uncut MRR
+MISS_RANK = torch.iinfo(torch.long).max
 
 
 def known_target_shares(stats: Mapping[str, Any]) -> dict[str, float]:
@@ -41,24 +45,27 @@ def known_target_shares(stats: Mapping[str, Any]) -> dict[str, float]:
 def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Shapes: scores (B, I), target (B,) -> ranks (B,) long, 1-based.
 
-    A target scored ``-inf`` gets rank ``I + 1`` (outside every cutoff)."""
+    A target scored ``-inf`` or NaN gets ``MISS_RANK`` (outside every cutoff)."""
     target_score = scores.gather(1, target[:, None])  # (B, 1)
     ranks = 1 + (scores > target_score).sum(dim=1)
-    return torch.where(torch.isneginf(target_score[:, 0]), scores.shape[1] + 1, ranks)
+    unranked = torch.isneginf(target_score[:, 0]) | torch.isnan(target_score[:, 0])
+    return torch.where(unranked, MISS_RANK, ranks)
 
 
 def rank_in_list(ranked_items: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Shapes: ranked_items (B, K) best first, target (B,) -> ranks (B,), ``K + 1`` if absent."""
+    """Shapes: ranked_items (B, K) best first, target (B,) -> ranks (B,), ``MISS_RANK`` if
+    absent."""
     hit = ranked_items == target[:, None]  # (B, K)
     position = hit.float().argmax(dim=1) + 1
-    return torch.where(hit.any(dim=1), position, ranked_items.shape[1] + 1)
+    return torch.where(hit.any(dim=1), position, MISS_RANK)
 
 
 def ranking_metrics(ranks: torch.Tensor, ks: Iterable[int]) -> dict[str, torch.Tensor]:
     """Per-row HR@K, NDCG@K and MRR@K for each K, and the uncut MRR:
-    ``{"hr_at_10": (B,) float, ..., "mrr": (B,)}``."""
+    ``{"hr_at_10": (B,) float, ..., "mrr": (B,)}``; a ``MISS_RANK`` is 0 in each."""
+    missed = ranks == MISS_RANK
     ranks = ranks.float()
-    out: dict[str, torch.Tensor] = {"mrr": 1.0 / ranks}
+    out: dict[str, torch.Tensor] = {"mrr": torch.where(missed, 0.0, 1.0 / ranks)}
     for k in ks:
         inside = ranks <= k
         out[f"hr_at_{k}"] = inside.float()
@@ -76,11 +83,12 @@ def sampled_ranks(
     valid (B, N) bool (False: a negative that collided with the target or the history and is
     left out). Returns ranks (B,) (1 + valid negatives scoring strictly higher) and auc (B,),
     the share of valid negatives the target outscores (ties count 1/2): ATRank's metric is the
-    same comparison with one negative, so its expectation is this AUC.
+    same comparison with one negative, so its expectation is this AUC. A NaN target score
+    outscores nothing (every valid negative counts as higher).
     """
     target_score = scores.gather(1, target[:, None])  # (B, 1)
     negative_scores = scores.gather(1, negatives)  # (B, N)
-    higher = (negative_scores > target_score) & valid
+    higher = ((negative_scores > target_score) | torch.isnan(target_score)) & valid
     ties = (negative_scores == target_score) & valid
     ranks = 1 + higher.sum(dim=1)
     count = valid.sum(dim=1).clamp(min=1)

@@ -473,7 +473,11 @@ class SeqRecModule(pl.LightningModule):
         """Per-row metrics of one evaluation batch (target = ``batch.target_item`` (B,)); the
         two-stage top K of every row goes into ``coverage`` when given."""
         output = self(batch)
-        raw = self.encoder.score_items(output.query).float()  # (B, I)
+        # the catalogue is scored in float32 even under bf16-mixed autocast (trainer=gpu): bf16
+        # keeps ~3 significant digits, so many items would tie with the target, and ties rank
+        # in the target's favour
+        with torch.autocast(self.device.type, enabled=False):
+            raw = self.encoder.score_items(output.query.float()).float()  # (B, I)
         # the (B, I) mask of each row's history, built once for every rule below that needs it
         needs_seen = self.seen_items != "keep" or self.sampled is not None
         seen = seen_mask(raw, batch.seen) if needs_seen else None
@@ -497,8 +501,10 @@ class SeqRecModule(pl.LightningModule):
             scores=scores,
             fixed=fixed,
         )
+        # a list deeper than the rankable items ends in excluded (-inf) ones: not recommended
+        listed = ranking.items.masked_fill(torch.isneginf(ranking.scores), PAD_IDX)
         if self.rerank_top_n:
-            ranks = rank_in_list(ranking.items, batch.target_item)
+            ranks = rank_in_list(listed, batch.target_item)
             metrics.update(
                 {k: v for k, v in ranking_metrics(ranks, self.metric_ks).items() if k != "mrr"}
             )
@@ -506,7 +512,7 @@ class SeqRecModule(pl.LightningModule):
         else:
             metrics.update({k.removeprefix("retrieval_"): v for k, v in metrics.items()})
         if coverage is not None:
-            coverage.update(ranking.items[:, :depth])
+            coverage.update(listed[:, :depth])
         if self.sampled is not None:
             metrics.update(self._sampled_metrics(raw, batch, seen))
         return metrics
@@ -515,16 +521,23 @@ class SeqRecModule(pl.LightningModule):
         self, scores: torch.Tensor, batch: SeqBatch, seen: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """HR/NDCG against ``num_negatives`` sampled items the user has not interacted with
-        (before the target; ``seen`` (B, I) marks them), and ATRank's AUC. Negatives are drawn
-        from a generator seeded by the batch's user rows, so every model is evaluated against
-        the same negatives."""
+        (before the target; ``seen`` (B, I) marks them), and ATRank's AUC. Each row draws, with
+        replacement, from the sampler's distribution over the items it has not had (SASRec's
+        protocol redraws a negative that falls in the history), so every row is ranked against
+        ``num_negatives`` of them, however long its history. Negatives are drawn from a
+        generator seeded by the batch's user rows, so every model is evaluated against the same
+        negatives."""
         sampler, count = self.sampled
         generator = torch.Generator().manual_seed(int(batch.user_index.sum()) * 7919 + len(batch))
-        negatives = sampler.sample((len(batch), count), generator=generator, device=scores.device)
-        # (B, I) mask, then a gather: a (B, K, H) comparison grows with the whole history
-        collides = seen.gather(1, negatives)
-        collides |= negatives == batch.target_item[:, None]
-        ranks, auc = sampled_ranks(scores, batch.target_item, negatives, ~collides)
+        weights = sampler.probs.expand(len(batch), -1).masked_fill(seen.cpu(), 0.0)
+        weights = weights.scatter(1, batch.target_item.cpu()[:, None], 0.0)  # (B, I)
+        none_left = weights.sum(dim=1) == 0  # a user who has had every item: no negative
+        weights[none_left] = sampler.probs
+        negatives = torch.multinomial(weights, count, replacement=True, generator=generator)
+        valid = ~none_left[:, None].expand_as(negatives)
+        ranks, auc = sampled_ranks(
+            scores, batch.target_item, negatives.to(scores.device), valid.to(scores.device)
+        )
         sampled = ranking_metrics(ranks, self.metric_ks)
         out = {f"sampled_{k}": v for k, v in sampled.items() if k.startswith(("hr", "ndcg"))}
         out["auc"] = auc

@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from recsys.training.metrics import (
+    MISS_RANK,
     MeanAccumulator,
     known_target_shares,
     rank_in_list,
     ranking_metrics,
+    sampled_ranks,
     target_ranks,
 )
 
@@ -27,7 +29,7 @@ def test_target_ranks_by_hand():
 def test_target_scored_minus_inf_is_a_miss():
     scores = torch.tensor([[0.1, -math.inf, -math.inf, -math.inf]])
     # a naive count would say rank 1 (nothing is above -inf); an excluded target is a miss
-    assert target_ranks(scores, torch.tensor([2])).tolist() == [5]
+    assert target_ranks(scores, torch.tensor([2])).tolist() == [MISS_RANK]
 
 
 def test_ranking_metrics_by_hand():
@@ -44,7 +46,7 @@ def test_ranking_metrics_by_hand():
 
 def test_rank_in_list():
     ranked = torch.tensor([[5, 7, 9], [1, 2, 3]])
-    assert rank_in_list(ranked, torch.tensor([9, 4])).tolist() == [3, 4]
+    assert rank_in_list(ranked, torch.tensor([9, 4])).tolist() == [3, MISS_RANK]
 
 
 def test_metrics_match_a_brute_force_loop():
@@ -76,3 +78,17 @@ def test_known_target_shares_from_the_preparation_counts():
     assert known_target_shares(stats) == {"val": 0.75, "test": 1.0}
     # no targets at all (or an older stats.json without the counts): nothing to scale
     assert known_target_shares({}) == {"val": 1.0, "test": 1.0}
+
+
+def test_a_nan_target_score_is_a_miss_not_rank_one():
+    # a diverged model scores everything NaN; nothing compares higher than NaN, so a plain
+    # count would give every target rank 1 (HR = NDCG = 1) and checkpointing would select it
+    scores = torch.full((2, 5), math.nan)
+    scores[1] = torch.tensor([0.1, 0.9, 0.5, math.nan, 0.2])
+    assert target_ranks(scores, torch.tensor([2, 3])).tolist() == [MISS_RANK] * 2
+    negatives = torch.tensor([[3, 4], [2, 4]])
+    ranks, auc = sampled_ranks(
+        scores, torch.tensor([2, 3]), negatives, torch.ones(2, 2, dtype=bool)
+    )
+    assert ranks.tolist() == [3, 3]
+    assert auc.tolist() == [0.0, 0.0]

@@ -14,11 +14,19 @@ from torch.utils.data import DataLoader
 
 from recsys.data.batch import SeqBatch
 from recsys.model import ATRank
+from recsys.model.layers import never_recommended
+from recsys.model.outputs import EncoderOutput
 from recsys.model.sasrec import SASRec
 from recsys.retrieval.ranker import apply_seen_policy, seen_mask
 from recsys.training import losses
 from recsys.training.evaluation import evaluate, pick_device
-from recsys.training.metrics import CoverageAccumulator, known_target_shares, sampled_ranks
+from recsys.training.metrics import (
+    CoverageAccumulator,
+    known_target_shares,
+    ranking_metrics,
+    sampled_ranks,
+    target_ranks,
+)
 from recsys.training.module import SeqRecModule, earlier_items
 
 NUM_ITEMS = 30
@@ -590,3 +598,88 @@ def test_pick_device_refuses_unknown_names_and_a_missing_gpu(monkeypatch):
     assert pick_device("auto") == torch.device("cpu")
     with pytest.raises(ValueError, match="trainer.accelerator=gpu: this machine has no CUDA GPU"):
         pick_device("gpu", option="trainer.accelerator")
+
+
+class _TwoKeys(torch.nn.Module):
+    """Scores ``query @ keys.T`` with keys 1.0 (item 2) and 1.001 (item 3): distinct in float32,
+    one value in bfloat16."""
+
+    num_items = 4
+    config: dict = {}
+
+    def __init__(self):
+        super().__init__()
+        self.keys = torch.nn.Parameter(torch.tensor([[0.0], [0.0], [1.0], [1.001]]))
+
+    def forward(self, item, behavior, time_bucket, padding_mask, query_time_bucket=None):
+        hidden = torch.ones(*item.shape, 1)
+        return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
+
+    def score_items(self, query):
+        return query @ self.keys.T + never_recommended(self.num_items)
+
+
+def test_evaluation_under_bf16_autocast_scores_the_catalogue_in_float32():
+    # trainer=gpu validates under bf16-mixed autocast: scored in bf16, item 3 would tie with
+    # the target (item 2) and the tie would rank the target first
+    m = SeqRecModule(_TwoKeys(), None, metric_ks=(1,)).eval()
+    b = batch()
+    b.target_item = torch.full((len(b),), 2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        metrics = m.evaluation_metrics(b)
+    assert metrics["retrieval_hr_at_1"].tolist() == [0.0] * len(b)
+    assert metrics["mrr"].tolist() == [0.5] * len(b)
+
+
+class _ByIndex(torch.nn.Module):
+    """Scores every item by its index: item 2 lowest of the real items."""
+
+    num_items = NUM_ITEMS
+    config: dict = {}
+
+    def forward(self, item, behavior, time_bucket, padding_mask, query_time_bucket=None):
+        hidden = torch.ones(*item.shape, 1)
+        return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
+
+    def score_items(self, query):
+        scores = torch.arange(self.num_items, dtype=torch.float32).expand(len(query), -1)
+        return scores + never_recommended(self.num_items)
+
+    def rerank_scores(self, output, candidates):
+        return candidates.float()  # the retrieval order
+
+
+def test_sampled_metrics_rank_against_num_negatives_unseen_items_however_long_the_history():
+    # each row has had 25 of the 28 real items; its target (item 2) scores below the other
+    # two, so against 10 negatives drawn from those it ranks 11th. Negatives drawn from the
+    # whole catalogue with the seen ones dropped would leave ~1 negative and rank it 1st-2nd.
+    m = SeqRecModule(_ByIndex(), None, metric_ks=(10,), sampled_metrics={"num_negatives": 10})
+    b = batch()
+    b.target_item = torch.full((len(b),), 2)
+    b.seen_item = torch.arange(5, NUM_ITEMS).expand(len(b), -1)
+    metrics = m.eval().evaluation_metrics(b)
+    assert metrics["sampled_hr_at_10"].tolist() == [0.0] * len(b)
+    assert metrics["auc"].tolist() == [0.0] * len(b)
+
+
+@pytest.mark.parametrize("rerank_top_n", [0, 20])
+def test_an_excluded_target_is_a_miss_at_cutoffs_beyond_the_catalogue(rerank_top_n):
+    # 28 real items, cutoff 20: the user has had 25 of them, excluded (-inf), the target among
+    # them; a list of 20 then ends in excluded items, which are no recommendation and no hit
+    m = SeqRecModule(
+        _ByIndex(), None, metric_ks=(20,), seen_items="exclude", rerank_top_n=rerank_top_n
+    )
+    b = batch()
+    b.target_item = torch.full((len(b),), 7)
+    b.seen_item = torch.arange(5, NUM_ITEMS).expand(len(b), -1)
+    coverage = CoverageAccumulator(NUM_ITEMS, (20,))
+    metrics = m.eval().evaluation_metrics(b, coverage)
+    for name in ("hr_at_20", "ndcg_at_20", "mrr", "retrieval_hr_at_20", "retrieval_mrr"):
+        assert metrics[name].tolist() == [0.0] * len(b), name
+    assert coverage.compute() == {"coverage_at_20": 3 / 28}  # items 2, 3, 4
+
+
+def test_a_missed_target_is_outside_a_cutoff_larger_than_the_catalogue():
+    scores = torch.tensor([[-math.inf, -math.inf, 0.3, -math.inf]])
+    ranks = target_ranks(scores, torch.tensor([3]))
+    assert ranking_metrics(ranks, [10])["hr_at_10"].tolist() == [0.0]
