@@ -381,7 +381,7 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
         yield
     finally:
         _HELD.discard(run_dir)
-        if created and {p.name for p in run_dir.iterdir()} == {LOCK_FILE}:
+        if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} == {LOCK_FILE}:
             shutil.rmtree(run_dir)  # a job refused before any work leaves no folder behind
         os.close(fd)
 
