@@ -7,7 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 import recsys.config  # noqa: F401  (registers the ${abspath:} resolver before Hydra resolves)
-from recsys.tasks import main
+from recsys.tasks import evaluate, main
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -16,9 +16,10 @@ def entry(cfg: DictConfig) -> float:
     print(f"recommendations: {result.recommendations}")
     print(f"checkpoint:      {result.checkpoint}")
     print(f"tracking:        {result.run}")
-    for name in ("test/ndcg_at_10", "test/hr_at_10", "test/popularity_ndcg_at_10"):
+    k = evaluate.headline_k(cfg.training.metric_ks)  # 10 unless training.metric_ks lacks it
+    for name in (f"test/ndcg_at_{k}", f"test/hr_at_{k}", f"test/popularity_ndcg_at_{k}"):
         print(f"{name:<27}{result.metrics[name]:.4f}")
-    return result.metrics["test/ndcg_at_10"]  # the value a Hydra sweeper optimises
+    return result.metrics[f"test/ndcg_at_{k}"]  # the value a Hydra sweeper optimises
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from recsys.tasks import train
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def entry(cfg: DictConfig):
-    cfg.task_name = "train"  # the main job's config, run as this pipeline (MLflow run name, tag)
+    if cfg.task_name == "main":  # the main job's config, run as this pipeline (MLflow run
+        cfg.task_name = "train"  # name, tag), unless task_name=... names the runs otherwise
     return train.run(cfg)
 
 

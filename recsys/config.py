@@ -7,7 +7,7 @@ lives in one place.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -18,10 +18,20 @@ from recsys.data.sequences import TimeBuckets
 from recsys.schema import EventSchema
 
 
+def _abspath(path: str) -> str:
+    """``path`` made absolute against the directory the job was launched from: Hydra's
+    ``runtime.cwd`` inside a Hydra app (``hydra.job.chdir=true`` has moved the process into the
+    run folder before the config is resolved), else the working directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    launch = HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
+    return os.path.abspath(os.path.join(launch, os.path.expanduser(str(path))))
+
+
 def register_resolvers() -> None:
     """``${abspath:outputs}`` -> an absolute path (resolved against the launch directory)."""
     if not OmegaConf.has_resolver("abspath"):
-        OmegaConf.register_new_resolver("abspath", lambda p: os.path.abspath(os.path.expanduser(p)))
+        OmegaConf.register_new_resolver("abspath", _abspath)
 
 
 register_resolvers()
@@ -32,6 +42,42 @@ def model_reference_argv(argv: list[str]) -> list[str]:
     reads ``model=`` as a choice of the ``conf/model`` group (the architecture): rewrite it to
     the config key ``model_ref`` before Hydra parses the arguments."""
     return [f"model_ref={a.removeprefix('model=')}" if a.startswith("model=") else a for a in argv]
+
+
+# how to give a mandatory value (``???`` in conf/) that is not set; others: <key>=...
+REQUIRED = {
+    "model_ref": "model=<checkpoint path | MLflow run id | name@alias> (the model to load)",
+    "data.source": "data.source=<a CSV/Parquet file or folder> (the event log)",
+    "data.source.path": "data.source.path=<the dataset's file> (the event log)",
+    "data.items.path": "data.items.path=<the item table's file>",
+}
+
+
+def check_required(cfg: DictConfig, *, model_given: bool = False) -> None:
+    """Refuse a config whose mandatory values (``???``: ``data.source`` of ``data=events_file``,
+    ``model=`` of score / evaluate) are not set, naming each and how to give it, before any
+    work: OmegaConf would otherwise stop the job midway with ``MissingMandatoryValue``.
+    ``model_given``: the caller passes the checkpoint itself (``model=`` is not read)."""
+    missing = [
+        key
+        for key in _missing_keys(OmegaConf.to_container(cfg, resolve=False))
+        if not (model_given and key == "model_ref")
+    ]
+    if missing:
+        given = "; ".join(REQUIRED.get(key, f"{key}=...") for key in missing)
+        names = ", ".join("model=" if key == "model_ref" else key for key in missing)
+        raise ValueError(f"{names} not set: give {given}")
+
+
+def _missing_keys(value: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _missing_keys(item, f"{prefix}{key}.")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _missing_keys(item, f"{prefix}{index}.")
+    elif value == "???":
+        yield prefix.removesuffix(".")
 
 
 def to_container(cfg: Any) -> Any:

@@ -13,6 +13,16 @@ from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
 
 
+def check_loader(**loader) -> None:
+    """``data.loader``'s sizes, refused by their config key: ``batch_size`` and
+    ``eval_batch_size`` whole numbers >= 1, ``num_workers`` >= 0 (the train task checks them
+    before the data is prepared)."""
+    for key, minimum in (("batch_size", 1), ("eval_batch_size", 1), ("num_workers", 0)):
+        value = loader.get(key, minimum)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"data.loader.{key}={value!r} must be a whole number >= {minimum}")
+
+
 class SeqRecDataModule(pl.LightningDataModule):
     """Training rows and one evaluation row per user with a validation / test target. Time
     buckets come from the prepared folder's ``stats.json``.
@@ -42,6 +52,9 @@ class SeqRecDataModule(pl.LightningDataModule):
         trained model passes its own: buckets are computed from the stored times per batch,
         so the data's setting need not match the model's)."""
         super().__init__()
+        check_loader(
+            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers
+        )
         if train_samples not in TRAIN_SAMPLES:
             raise ValueError(
                 f"data.loader.train_samples={train_samples!r} is not supported: choose one of "

@@ -19,7 +19,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from recsys.checkpoint import LoadedModel, load_checkpoint
-from recsys.data.datamodule import SeqRecDataModule
+from recsys.config import check_required
+from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
 from recsys.model.transition import Transition
@@ -77,6 +78,13 @@ SEEN_ITEMS_WORDS = {
 }
 
 
+def headline_k(metric_ks) -> int:
+    """The cutoff of the one-line summaries (the log, ``pipelines.run``'s printout and the
+    value a sweeper optimises): 10 when ``training.metric_ks`` has it, else its largest."""
+    ks = [int(k) for k in metric_ks]
+    return 10 if 10 in ks else max(ks)
+
+
 def _evaluation_module(
     cfg: DictConfig, encoder: torch.nn.Module, vocab: Vocab, stats: dict, **overrides
 ) -> SeqRecModule:
@@ -100,6 +108,8 @@ def run(
     tracker: Tracker | None = None,
     splits: tuple[str, ...] = ("test",),
 ) -> dict[str, float]:
+    check_required(cfg, model_given=checkpoint is not None)
+    check_loader(eval_batch_size=cfg.data.loader.eval_batch_size)  # before the data is prepared
     model, model_tags = load_model(checkpoint or cfg.model_ref, cfg.logger)
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
@@ -153,16 +163,19 @@ def run(
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
         tracker.log_metrics(metrics)
         tracker.set_tags({**protocol_tags(cfg, datamodule), **model_tags, "task": cfg.task_name})
+    k = headline_k(cfg.training.metric_ks)
     for split in splits:
         log.info(
-            "%s NDCG@10 %.4f (popularity %.4f, transition %.4f), "
-            "HR@10 %.4f (popularity %.4f, transition %.4f)",
+            "%s NDCG@%d %.4f (popularity %.4f, transition %.4f), "
+            "HR@%d %.4f (popularity %.4f, transition %.4f)",
             split,
-            metrics[f"{split}/ndcg_at_10"],
-            metrics[f"{split}/popularity_ndcg_at_10"],
-            metrics[f"{split}/transition_ndcg_at_10"],
-            metrics[f"{split}/hr_at_10"],
-            metrics[f"{split}/popularity_hr_at_10"],
-            metrics[f"{split}/transition_hr_at_10"],
+            k,
+            metrics[f"{split}/ndcg_at_{k}"],
+            metrics[f"{split}/popularity_ndcg_at_{k}"],
+            metrics[f"{split}/transition_ndcg_at_{k}"],
+            k,
+            metrics[f"{split}/hr_at_{k}"],
+            metrics[f"{split}/popularity_hr_at_{k}"],
+            metrics[f"{split}/transition_hr_at_{k}"],
         )
     return metrics

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from recsys.config import event_schema
+from recsys.config import check_required, event_schema
 from recsys.tasks import evaluate, score, train
 from recsys.tracking import use_tracker
 
@@ -24,6 +24,7 @@ class MainResult:
 
 
 def run(cfg: DictConfig) -> MainResult:
+    check_required(cfg)  # before the run folder is held (created)
     with train.hold_run_folder(cfg):  # the whole job: its scoring writes there too
         return _run(cfg)
 

@@ -11,7 +11,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from recsys.config import event_schema, item_columns, prepare_settings
+from recsys.config import check_required, event_schema, item_columns, prepare_settings
 from recsys.data.pipeline import load_stats, prepare_dataset
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ def _flat_differences(prefix: str, was: Any, now: Any) -> Iterator[tuple[str, An
 
 def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
     """Prepare ``data.source`` into ``out_dir`` (default ``<run dir>/prepared``)."""
+    check_required(cfg)
     out_dir = Path(out_dir or Path(cfg.paths.run_dir) / "prepared")
     prepare_dataset(
         event_source(cfg),

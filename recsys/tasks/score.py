@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from recsys.checkpoint import LoadedModel, load_checkpoint, model_digest
-from recsys.config import event_schema, prepare_settings, to_container
+from recsys.config import check_required, event_schema, prepare_settings, to_container
 from recsys.data.io import DataError, EventSource
 from recsys.data.pipeline import events_fingerprint, load_events
 from recsys.data.validate import BadRowPolicy, parse_instant
@@ -231,6 +231,7 @@ def run(
 ) -> Path:
     """Score ``data.source`` with ``model`` (or ``checkpoint``); returns the output folder.
     ``after_part(i)`` is called after part ``i`` is written (tests inject faults there)."""
+    check_required(cfg, model_given=checkpoint is not None)
     started = time.perf_counter()
     retrieval = to_container(cfg.retrieval)
     if checkpoint is not None:

@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from recsys.checkpoint import CHECKPOINT_KEY, checkpoint_extra, write_scoring_checkpoint
-from recsys.config import event_schema, to_container
-from recsys.data.datamodule import SeqRecDataModule
+from recsys.config import check_required, event_schema, to_container
+from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.options import time_buckets
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
 from recsys.data.vocab import FILES as VOCAB_FILES
@@ -388,9 +388,10 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
 
 def check_settings(cfg: DictConfig) -> None:
     """Settings that Lightning would take without complaint or refuse without naming them,
-    checked before any work: the seed, ``trainer.max_epochs`` and each callback's
-    ``patience``. (What a monitor names is checked by :class:`CheckMonitors` once validation
-    has logged its metrics.)"""
+    checked before any work: ``data.loader``'s sizes, the seed, ``trainer.max_epochs`` and each
+    callback's ``patience``. (What a monitor names is checked by :class:`CheckMonitors` once
+    validation has logged its metrics.)"""
+    check_loader(**to_container(cfg.data.loader))
     seed = cfg.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed={seed!r} must be a whole number in [0, 2**32 - 1], e.g. seed=0")
@@ -398,6 +399,18 @@ def check_settings(cfg: DictConfig) -> None:
         raise ValueError(
             "trainer.max_epochs=0 trains nothing, so there is no checkpoint to select: set it "
             ">= 1 (early stopping usually ends training sooner) or -1 (no limit)"
+        )
+    accelerator = (cfg.trainer or {}).get("accelerator")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"trainer.accelerator={accelerator}: this machine has no CUDA GPU: train on the CPU "
+            "with trainer=default (accelerator auto), or trainer.accelerator=cpu"
+        )
+    best = (cfg.callbacks or {}).get("model_checkpoint")
+    if best is not None and best.get("save_top_k", 1) == 0:
+        raise ValueError(
+            "callbacks.model_checkpoint.save_top_k=0 keeps no checkpoint, so the training "
+            "would end with none to evaluate or score: keep 1 (the best), or -1 (every one)"
         )
     for key, callback in (cfg.callbacks or {}).items():
         patience = callback.get("patience") if isinstance(callback, DictConfig) else None
@@ -411,6 +424,7 @@ def check_settings(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
+    check_required(cfg)  # before the run folder is held (created)
     with hold_run_folder(cfg):
         return _run(cfg, tracker)
 

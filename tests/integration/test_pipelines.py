@@ -693,6 +693,46 @@ def test_default_run_folders_of_jobs_started_in_the_same_second_differ(monkeypat
     assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.num}"
 
 
+@pytest.mark.parametrize("config_name", ["evaluate", "score"])
+def test_sweeps_of_evaluate_and_score_go_under_the_output_folder(config_name):
+    """A -m sweep of pipelines.evaluate / pipelines.score writes under paths.output_dir's
+    multiruns/ (to the microsecond, one subfolder per job), as the main job's sweeps do, not
+    into Hydra's default multirun/<date>/<time>/ in the working directory."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(
+            config_name, ["paths.output_dir=/out", "model_ref=x.ckpt"], return_hydra_config=True
+        )
+    sweep = Path(cfg.hydra.sweep.dir)
+    assert sweep.parent == Path("/out/multiruns")
+    assert sweep.name.endswith(f"_{config_name}") and len(sweep.name.split("_")) == 4
+    assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"] == "${hydra.job.num}"
+
+
+def test_output_folder_stays_at_the_launch_directory_with_hydra_job_chdir(tmp_path, monkeypatch):
+    """hydra.job.chdir=true moves the process into the run folder before the job resolves its
+    config: paths.output_dir (the MLflow store, the shared data) is still the launch
+    directory's, not a new outputs/ inside each run folder."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    launch, run_folder = tmp_path / "launch", tmp_path / "launch" / "outputs" / "runs" / "r"
+    run_folder.mkdir(parents=True)
+    monkeypatch.chdir(launch)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", ["hydra.job.chdir=true"], return_hydra_config=True)
+    cfg.hydra.runtime.cwd = str(launch)  # what Hydra records before it changes directory
+    HydraConfig.instance().set_config(cfg)
+    try:
+        monkeypatch.chdir(run_folder)  # hydra.job.chdir=true
+        assert cfg.paths.output_dir == str(launch / "outputs")
+        assert cfg.logger.tracking_uri == f"sqlite:///{launch / 'outputs'}/mlflow.db"
+    finally:
+        HydraConfig.instance().cfg = None
+
+
 def test_attribute_loss_trains_and_evaluates_beside_the_baselines(make_config):
     """training.attribute_loss_weight through the real tasks: the checkpoint records it, and
     the evaluation (whose popularity and transition baselines have no attributes) runs."""
@@ -797,6 +837,45 @@ def test_cli_overrides_and_multirun_sweep(tmp_path):
     checkpoints = sorted(out.glob("multiruns/*/*/checkpoints/best.ckpt"))
     assert len(checkpoints) == 2
     assert not (out / "mlflow.db").exists()  # logger=none tracks nothing
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"), [([], "train"), (["task_name=nightly"], "nightly")]
+)
+def test_train_pipeline_keeps_a_task_name_given_on_the_command_line(tmp_path, overrides, expected):
+    """pipelines.train names its runs "train" instead of the main job's "main", but a
+    task_name=... override (the MLflow run name of a scheduled retraining) is kept."""
+    script = (
+        "import runpy; import recsys.tasks.train as t; "
+        "t.run = lambda cfg: print('TASK_NAME', cfg.task_name); "
+        "runpy.run_module('pipelines.train', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", script, "logger=none", f"hydra.run.dir={tmp_path}", *overrides]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"TASK_NAME {expected}" in done.stdout
+
+
+def test_main_job_without_cutoff_10_reports_its_own_cutoff(tmp_path):
+    """training.metric_ks without 10 (with a monitor it has): the main job evaluates, scores and
+    prints the largest cutoff, instead of failing on test/ndcg_at_10 after the training."""
+    out = tmp_path / "outputs"
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.run",
+        *TINY,
+        "trainer.max_epochs=1",
+        "training.metric_ks=[5,20]",
+        "callbacks.model_checkpoint.monitor=val/ndcg_at_5",
+        "logger=none",
+        f"paths.output_dir={out}",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "test/ndcg_at_20" in done.stdout and "test/popularity_ndcg_at_20" in done.stdout
+    assert "test NDCG@20" in done.stdout + done.stderr  # the evaluation's log line
+    assert len(list(out.glob("runs/*/recommendations/part-*.parquet"))) == 1
 
 
 def test_score_command_line_takes_model_equals(main_run, tmp_path):

@@ -170,3 +170,88 @@ def test_a_reused_prepared_folder_must_have_the_configured_item_table(make_confi
     plain = prepare.run(make_config("config", data), tmp_path / "plain")
     with pytest.raises(ValueError, match=r"data.items: prepared None, config '.*items.parquet'"):
         prepare.prepared(make_config("config", [*with_items, f"data.prepared_dir={plain}"]))
+
+
+@pytest.mark.parametrize(
+    ("config_name", "overrides", "task", "message"),
+    [
+        ("config", ["data=events_file"], "main", r"^data.source not set: give data.source=<"),
+        ("config", ["data=events_file"], "train", r"^data.source not set"),
+        ("config", ["data=taobao"], "prepare", r"^data.source.path not set: give data.source"),
+        ("score", [], "score", r"^model= not set: give model=<checkpoint path \| MLflow run id"),
+        ("evaluate", [], "evaluate", r"^model= not set: give model=<checkpoint path"),
+    ],
+)
+def test_unset_mandatory_values_are_named_before_any_work(
+    make_config, monkeypatch, config_name, overrides, task, message
+):
+    """A ``???`` left unset (data=events_file without data.source, pipelines.score without
+    model=) is refused by name, with how to give it, before a tracking run opens or the data
+    is prepared, not as OmegaConf's MissingMandatoryValue midway."""
+    from recsys import tracking
+    from recsys.tasks import evaluate, score
+
+    def no_tracking(*args, **kwargs):
+        raise AssertionError("a tracking run was opened before the config was checked")
+
+    monkeypatch.setattr(tracking.Tracker, "__init__", no_tracking)
+    cfg = make_config(config_name, overrides)
+    run = {"main": main, "train": train, "prepare": prepare, "score": score, "evaluate": evaluate}
+    with pytest.raises(ValueError, match=message):
+        run[task].run(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.loader.batch_size=0", r"^data.loader.batch_size=0 must be a whole number >= 1"),
+        ("data.loader.eval_batch_size=-1", r"^data.loader.eval_batch_size=-1 must be a whole"),
+        ("data.loader.num_workers=-1", r"^data.loader.num_workers=-1 must be a whole number >= 0"),
+        ("data.loader.batch_size=2.5", r"^data.loader.batch_size=2.5 must be a whole number"),
+    ],
+)
+def test_loader_sizes_are_refused_by_their_key_before_preparing(
+    make_config, monkeypatch, override, message
+):
+    """data.loader's batch sizes and workers are checked before the data is prepared (they
+    were refused only when the first loader was built, eval_batch_size as "batch_size")."""
+
+    def no_preparing(*args, **kwargs):
+        raise AssertionError("the data was prepared before the settings were checked")
+
+    monkeypatch.setattr(prepare, "run", no_preparing)
+    cfg = make_config("config", ["experiment=tiny", "logger=none", override])
+    with pytest.raises(ValueError, match=message):
+        train.run(cfg)
+
+
+def test_a_checkpoint_callback_that_keeps_none_is_refused_before_preparing(
+    make_config, monkeypatch
+):
+    """callbacks.model_checkpoint.save_top_k=0 trained every epoch, then failed with "training
+    produced no checkpoint: keep callbacks.model_checkpoint" (which was kept)."""
+
+    def no_preparing(*args, **kwargs):
+        raise AssertionError("the data was prepared before the settings were checked")
+
+    monkeypatch.setattr(prepare, "run", no_preparing)
+    overrides = ["experiment=tiny", "logger=none", "callbacks.model_checkpoint.save_top_k=0"]
+    with pytest.raises(ValueError, match=r"^callbacks.model_checkpoint.save_top_k=0 keeps no"):
+        train.run(make_config("config", overrides))
+
+
+def test_a_gpu_trainer_on_a_machine_without_one_is_refused_before_preparing(
+    make_config, monkeypatch
+):
+    """trainer=gpu where there is no CUDA device: refused by its key before the data is
+    prepared, not by Lightning's Trainer once the data is ready."""
+    import torch
+
+    def no_preparing(*args, **kwargs):
+        raise AssertionError("the data was prepared before the settings were checked")
+
+    monkeypatch.setattr(prepare, "run", no_preparing)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = make_config("config", ["experiment=tiny", "logger=none", "trainer=gpu"])
+    with pytest.raises(ValueError, match=r"^trainer.accelerator=gpu: this machine has no CUDA"):
+        train.run(cfg)
