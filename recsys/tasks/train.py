@@ -132,6 +132,8 @@ def _naming_keys(group: str, settings: DictConfig) -> Iterator[None]:
         key = message.split("=", 1)[0]
         if key in settings and not message.startswith(f"{group}."):
             message = f"{group}.{message}"
+        elif key == "max_seq_len":  # the one encoder argument set under data
+            message = f"data.{message}"
         raise ValueError(message) from cause
 
 
@@ -395,7 +397,14 @@ def check_settings(cfg: DictConfig) -> None:
     seed = cfg.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed={seed!r} must be a whole number in [0, 2**32 - 1], e.g. seed=0")
-    if (cfg.trainer or {}).get("max_epochs") == 0:
+    epochs = (cfg.trainer or {}).get("max_epochs")
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < -1
+    ):
+        raise ValueError(
+            f"trainer.max_epochs={epochs!r} must be a whole number >= 1, or -1 (no limit)"
+        )
+    if epochs == 0:
         raise ValueError(
             "trainer.max_epochs=0 trains nothing, so there is no checkpoint to select: set it "
             ">= 1 (early stopping usually ends training sooner) or -1 (no limit)"

@@ -656,7 +656,7 @@ def _check_optimizer(optimizer: object) -> None:
     keywords = getattr(optimizer, "keywords", None) or {}
     lr = keywords.get("lr")
     number = isinstance(lr, (int, float)) and not isinstance(lr, bool)
-    if lr is not None and not isinstance(lr, torch.Tensor) and not (number and 0 < lr < math.inf):
+    if "lr" in keywords and not isinstance(lr, torch.Tensor) and not (number and 0 < lr < math.inf):
         raise ValueError(f"training.optimizer.lr={lr!r} must be a number > 0 (e.g. 0.001)")
     if "weight_decay" in keywords:
         _check_weight("optimizer.weight_decay", keywords["weight_decay"])

@@ -424,6 +424,7 @@ def test_best_validation_score_is_named_after_its_monitor(make_config):
         ("seed=abc", r"seed='abc' must be a whole number in \[0, 2\*\*32 - 1\]"),
         ("callbacks.early_stopping.patience=-1", r"early_stopping.patience=-1 must be a whole"),
         ("trainer.max_epochs=0", r"trainer.max_epochs=0 trains nothing"),
+        ("trainer.max_epochs=-5", r"trainer.max_epochs=-5 must be a whole number >= 1, or -1"),
         ("training.optimizer.lr=-1", r"training.optimizer.lr=-1 must be a number > 0"),
         ("training.optimizer.weight_decay=nan", r"training.optimizer.weight_decay=nan must be"),
         (

@@ -22,6 +22,8 @@ from recsys.tasks import main, prepare, train
         ("model.d_model=-16", r"^model.d_model=-16 is invalid"),
         ("model.num_heads=7", r"^model.d_model=16 is not divisible by num_heads=7"),
         ("training.optimizer.lr=-1", r"^training.optimizer.lr=-1 must be a number > 0"),
+        ("training.optimizer.lr=null", r"^training.optimizer.lr=None must be a number > 0"),
+        ("data.max_seq_len=0", r"^data.max_seq_len=0 is invalid"),
         ("training.optimizer.weight_decay=-1", r"^training.optimizer.weight_decay=-1 must be"),
         ("training.rerank_top_n=-3", r"^training.rerank_top_n=-3 and rerank_loss_weight"),
         ("+training.optimizer.betas=[1.5,0.9]", r"beta parameter at index 0"),
