@@ -63,6 +63,11 @@ def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, st
             f"{stats.get('test_targets_unknown_item', 0)} test)"
         ),
         "protocol.max_seq_len": str(datamodule.max_seq_len),
+        "protocol.ranking": (
+            f"top {cfg.training.rerank_top_n} re-ranked by target attention"
+            if cfg.training.rerank_top_n
+            else "retrieval only"
+        ),
         "data.fingerprint": stats["fingerprint"],
     }
 

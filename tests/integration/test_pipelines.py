@@ -87,6 +87,11 @@ def test_main_job_mlflow_run(main_run):
     epochs = client.get_metric_history(run_id, "val/ndcg_at_10")
     assert len(epochs) == cfg.trainer.max_epochs  # one value per epoch
     assert run.data.tags["protocol.split"] == "temporal"
+    assert run.data.tags["protocol.ranking"] == (
+        f"top {cfg.training.rerank_top_n} re-ranked by target attention"
+        if cfg.training.rerank_top_n
+        else "retrieval only"
+    )
     stats = load_stats(Path(cfg.paths.run_dir) / "prepared")
     assert run.data.tags["protocol.unknown_item_targets"] == (
         f"left out of the means ({stats['val_targets_unknown_item']} validation, "
