@@ -28,7 +28,11 @@ Serving contract. An export folder holds:
   which is exactly ``encoder.score_items(encoder(*inputs).query)`` of the Python model; keys can
   equally go into an approximate-nearest-neighbour index (inner product, plus the bias).
 - ``export.json``: shapes, dtypes, the input names and order, ``max_seq_len``, the torch version,
-  the encoder class and config, and the scoring rule above.
+  the encoder class and config, the scoring rule above, and ``rerank_head``: ATRank's
+  target-attention re-rank head (stage 2) is not exported, so a model whose head is trained
+  (``training.rerank_top_n > 0``, the target-attention objective of ``atrank_faithful``) is
+  logged with a warning and marked here; its exported scores rank as scoring with
+  ``retrieval.rerank_top_n=0`` does.
 - ``vocab.json`` (only when exporting a :class:`recsys.checkpoint.LoadedModel`): what turns raw
   events into inputs and indices back into item ids: ``item_id[i - 2]`` is the id of index ``i``,
   the behaviour names (index 2, 3, ...), the time-bucket settings and the event schema.
@@ -214,6 +218,7 @@ def export_model(
     _warn_if_zero_bucket_is_not_none(encoder)
 
     metadata = _metadata(encoder, config, keys, bias, max_seq_len)
+    metadata["rerank_head"] = _rerank_head(encoder)
     if loaded is not None:
         metadata["checkpoint"] = {
             "path": str(loaded.path),
@@ -361,6 +366,22 @@ def _script_encoder(encoder: nn.Module, max_seq_len: int) -> torch.jit.ScriptMod
             f"{(got - expected).abs().max().item():.3g}); export this encoder another way"
         )
     return scripted
+
+
+def _rerank_head(encoder: nn.Module) -> str:
+    """Whether the encoder has a trained target-attention head, which is not exported: the
+    export serves stage 1 (``query @ keys.T + bias``) only, so where scoring re-ranks with
+    that head (``retrieval.rerank_top_n > 0``) the served lists differ from the score task's."""
+    if not (hasattr(encoder, "rerank_head_trained") and encoder.rerank_head_trained()):
+        return "none"
+    log.warning(
+        "%s has a trained target-attention re-rank head, which the export leaves out: the "
+        "exported scores are stage 1 (%s) alone, so they rank like scoring with "
+        "retrieval.rerank_top_n=0, not like a job that re-ranks with the head",
+        type(encoder).__name__,
+        SCORING,
+    )
+    return "trained, not exported: scores are stage 1 only (retrieval.rerank_top_n=0)"
 
 
 def _warn_if_zero_bucket_is_not_none(encoder: nn.Module) -> None:

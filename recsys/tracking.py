@@ -210,7 +210,10 @@ class Tracker:
                 str(folder),
                 python_model=str(code),
                 artifacts={"checkpoint": str(checkpoint)},
-                pip_requirements=["recsys"],
+                # recsys travels with the model (code/recsys, first on sys.path when loaded):
+                # "recsys" on PyPI is another project, so it is never a requirement
+                code_paths=[str(Path(__file__).parent)],
+                pip_requirements=model_requirements(),
                 signature=ModelSignature(inputs=None, outputs=None, params=params),
             )
             self.log_artifact(folder, MODEL_ARTIFACT)
@@ -245,6 +248,23 @@ class Tracker:
         if not self.enabled:
             return "tracking off"
         return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {self.tracking_uri})"
+
+
+def model_requirements() -> list[str]:
+    """What a packaged model needs installed besides its own copy of recsys: recsys'
+    dependencies (``pyproject.toml`` beside the package, else the installed distribution's),
+    without optional extras."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, requires
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if pyproject.is_file():
+        return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+    try:
+        declared = requires("recsys") or []
+    except PackageNotFoundError:
+        declared = []
+    return [r for r in declared if "extra ==" not in r]
 
 
 @contextmanager
@@ -325,8 +345,10 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
                 f"{tracker.tracking_uri} ({err}). Register one by training with "
                 "logger.registered_model_name=<name> logger.model_alias=<alias>"
             ) from err
-        run_id = version.run_id
         tags = {"model.uri": text, "model.version": str(version.version)}
+        if not version.run_id:  # registered from a path, not a run: fetch what it names
+            return _fetch_version_source(tracker, name, version, text), tags
+        run_id = version.run_id
     else:
         run_id = text
         tags = {"model.uri": f"runs:/{run_id}/{MODEL_ARTIFACT}"}
@@ -349,6 +371,35 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
     path._remove = weakref.finalize(path, shutil.rmtree, destination, ignore_errors=True)
     log.info("model of MLflow run %s fetched to %s (removed when done)", run_id, str(path))
     return path, {**tags, "model.run_id": run_id}
+
+
+def _fetch_version_source(tracker: Tracker, name: str, version, text: str) -> FetchedCheckpoint:
+    """The checkpoint of a registered version that belongs to no run (registered from a
+    path), copied out of its source like a run's (see :func:`resolve_model`)."""
+    import tempfile
+
+    import mlflow.artifacts
+
+    source = tracker.client.get_model_version_download_uri(name, version.version)
+    destination = tempfile.mkdtemp(prefix="recsys-model-")
+    try:
+        folder = mlflow.artifacts.download_artifacts(
+            artifact_uri=source, dst_path=destination, tracking_uri=tracker.tracking_uri
+        )
+        candidates = sorted(Path(folder).rglob("*.ckpt"))
+        if not candidates:
+            raise FileNotFoundError(
+                f"model={text!r}: version {version.version} was registered from {source}, "
+                "which holds no recsys checkpoint (*.ckpt): register the model a recsys "
+                "training packaged (logger.registered_model_name=<name>)"
+            )
+    except BaseException:
+        shutil.rmtree(destination, ignore_errors=True)
+        raise
+    path = FetchedCheckpoint(candidates[0])
+    path._remove = weakref.finalize(path, shutil.rmtree, destination, ignore_errors=True)
+    log.info("model %s (from %s) fetched to %s (removed when done)", text, source, str(path))
+    return path
 
 
 def _download_checkpoint(run_tracker: Tracker, destination: str) -> Path:

@@ -570,9 +570,15 @@ class ATRank(nn.Module):
         ``training.rerank_top_n`` or the target-attention objective); before, its weights
         change no score (its output layer starts at zero), so the candidate key's match with
         each history state is shown instead, as for SASRec."""
-        if any(p.any() for p in self.rerank_output.parameters()):
+        if self.rerank_head_trained():
             return self.rerank_scores(output, candidates, return_attention=True)[1]
         return history_attention(self._keys(candidates), output)
+
+    def rerank_head_trained(self) -> bool:
+        """Whether the target-attention head was trained: its output layer starts at zero and
+        stays there unless a re-rank loss trains it (``training.rerank_top_n > 0``, the
+        target-attention objective); until then :meth:`rerank_scores` equals retrieval."""
+        return any(bool(p.any()) for p in self.rerank_output.parameters())
 
 
 def _check_score_temperature(value: object) -> float | None:

@@ -270,6 +270,50 @@ class FaissIndex:
 
 FAISS_KINDS = ("hnsw", "ivf", "flat")
 FAISS_METRICS = ("l2", "inner_product")
+FAISS_SETTINGS = (
+    "kind",
+    "metric",
+    "hnsw_m",
+    "ef_construction",
+    "ef_search",
+    "nlist",
+    "nprobe",
+    "threads",
+    "cache_dir",
+    "cache_keep",
+)
+
+
+def check_faiss_settings(settings: dict | None) -> None:
+    """``retrieval.faiss`` (with ``retrieval.index=faiss``) checked without a model, as
+    :class:`FaissIndex` would check it, so the main job refuses a mistake before it trains:
+    unknown keys, a kind or metric outside the choices, sizes that are not positive integers,
+    and faiss not installed."""
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(FAISS_SETTINGS))
+    if unknown:
+        raise ValueError(
+            f"retrieval.faiss has unknown keys {unknown}; allowed: {list(FAISS_SETTINGS)}"
+        )
+    kind, metric = settings.get("kind", "hnsw"), settings.get("metric", "l2")
+    if kind not in FAISS_KINDS:
+        raise ValueError(f"retrieval.faiss.kind={kind!r}: use one of {list(FAISS_KINDS)}")
+    if metric not in FAISS_METRICS:
+        raise ValueError(f"retrieval.faiss.metric={metric!r}: use one of {list(FAISS_METRICS)}")
+    for name in ("hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"):
+        if name in settings:
+            _check_positive(f"faiss.{name}", settings[name])
+    if settings.get("cache_keep") is not None:
+        _check_positive("faiss.cache_keep", settings["cache_keep"])
+    try:
+        import faiss  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            "retrieval.index=faiss needs faiss: pip install 'recsys[ann]' (faiss-cpu), "
+            "or use retrieval.index=exact"
+        ) from err
+
+
 _CACHE_PREFIX = "faiss-"
 
 

@@ -11,7 +11,9 @@ A job killed mid-way and started again with the same model, data and settings (s
 key) finds its staging folder, skips the parts already written and writes the rest: parts are
 deterministic, so the result is byte-identical to an uninterrupted run. A staging folder of a
 different job is discarded (and logged). An existing complete output of the same job is left as
-it is; of another job, it is only replaced with ``retrieval.output.overwrite=true``.
+it is; of another job, it is only replaced with ``retrieval.output.overwrite=true``. A path
+that holds anything but a scoring output (no ``_manifest.json``: a run folder, a file) is
+refused even then, so overwrite never deletes what a scoring job did not write.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def write_atomically(path: str | Path, write) -> None:
         raise
 
 
+def _is_empty_folder(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
 def check_formats(formats) -> list[str]:
     """``retrieval.output.formats`` as a list, refused unless it holds parquet and only
     known formats."""
@@ -82,6 +88,14 @@ class PartitionedOutput:
                 log.info("%s already holds this job's complete output: nothing to do", self.path)
                 self.complete = True
                 return
+            if self._key_of(self.path) is None and not _is_empty_folder(self.path):
+                # overwrite replaces (deletes) an earlier scoring output only, never a run
+                # folder, the checkpoints or anything else that happens to be at the path
+                raise FileExistsError(
+                    f"{self.path} exists and is not a scoring output (no {MANIFEST}): "
+                    "retrieval.output.overwrite=true replaces only an earlier scoring job's "
+                    "output, so nothing there is deleted; choose another retrieval.output.path"
+                )
             if not overwrite:
                 raise FileExistsError(
                     f"{self.path} exists and holds another scoring job's output: choose another "

@@ -47,7 +47,7 @@ from recsys.checkpoint import LoadedModel
 from recsys.data.dataset import SequenceStore, TargetRows
 from recsys.data.pipeline import scoring_events, scoring_sequences
 from recsys.retrieval.catalogue import ITEM_CATEGORY, Catalogue
-from recsys.retrieval.index import INDEXES, build_index, chunked_topk
+from recsys.retrieval.index import INDEXES, build_index, check_faiss_settings, chunked_topk
 from recsys.retrieval.ranker import rerank_head
 from recsys.retrieval.rules import Rules, cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, USER
@@ -98,6 +98,8 @@ class ScoringOptions:
             )
         if self.index not in INDEXES:
             raise ValueError(f"retrieval.index={self.index!r}: use one of {list(INDEXES)}")
+        if self.index == "faiss":
+            check_faiss_settings(self.faiss)
         if self.popularity_days is not None and not self.popularity_days > 0:
             raise ValueError(
                 f"retrieval.popularity_days={self.popularity_days!r} must be > 0 or null (all)"

@@ -85,6 +85,18 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
         (["retrieval.rules.allow_list=[]"], r"allow_list is empty, which allows no item"),
         (["retrieval.accelerator=tpu"], r"retrieval.accelerator='tpu': use one of"),
         (
+            ["retrieval.index=faiss", "retrieval.faiss.kind=hnws"],
+            r"retrieval.faiss.kind='hnws': use one of \['hnsw', 'ivf', 'flat'\]",
+        ),
+        (
+            ["retrieval.index=faiss", "retrieval.faiss.metric=cosine"],
+            r"retrieval.faiss.metric='cosine': use one of",
+        ),
+        (
+            ["retrieval.index=faiss", "retrieval.faiss.ef_search=0"],
+            r"retrieval.faiss.ef_search=0 must be a positive integer",
+        ),
+        (
             ["+training.behavior_weights={cart: 1.0}", "retrieval.rules.target_behavior=purchase"],
             r"target_behavior='purchase', but the model is trained to predict \['cart'\]",
         ),

@@ -297,3 +297,27 @@ def test_loaded_checkpoint_exports_with_its_vocabulary(tmp_path):
         load_exported(tmp_path / "export").score(*batch.model_inputs()),
         python_scores(loaded.encoder, *batch.model_inputs()),
     )
+
+
+def test_a_trained_rerank_head_is_named_not_silently_dropped(tmp_path, caplog):
+    """The export is stage 1 only: a model whose target-attention head is trained ranks
+    otherwise in a job that re-ranks (retrieval.rerank_top_n > 0; atrank_faithful's
+    objective), so the export says so in the log and in export.json."""
+    untrained = make_encoder("atrank")
+    with caplog.at_level("WARNING", logger="recsys.export"):
+        export_model(untrained, tmp_path / "untrained")
+    assert "re-rank head" not in caplog.text
+    meta = json.loads((tmp_path / "untrained" / "export.json").read_text())
+    assert meta["rerank_head"] == "none"
+
+    trained = make_encoder("atrank_faithful")
+    with torch.no_grad():
+        trained.rerank_output.weight.normal_()
+    with caplog.at_level("WARNING", logger="recsys.export"):
+        export_model(trained, tmp_path / "trained")
+    assert "trained target-attention re-rank head" in caplog.text
+    assert "retrieval.rerank_top_n=0" in caplog.text
+    meta = json.loads((tmp_path / "trained" / "export.json").read_text())
+    assert meta["rerank_head"].startswith("trained, not exported")
+    export_model(make_encoder("sasrec"), tmp_path / "sasrec")  # has no head
+    assert json.loads((tmp_path / "sasrec" / "export.json").read_text())["rerank_head"] == "none"

@@ -1,5 +1,7 @@
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +147,109 @@ def test_a_model_fetched_from_mlflow_is_removed_when_its_caller_is_done_with_it(
     path, _ = resolve_model(str(raw), logger)
     done_with(path)
     assert raw.read_bytes() == b"raw weights"
+
+
+def test_a_packaged_model_carries_recsys_and_never_requires_the_pypi_project(tmp_path, monkeypatch):
+    """ "recsys" on PyPI is another project (RecSys 0.0.1a3, no recsys.checkpoint): an
+    environment built from the packaged model's requirements (mlflow models serve, a docker
+    image) must not install it. The model carries its own copy of recsys instead, which loads
+    where only that foreign package is importable."""
+    import textwrap
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = Tracker(
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        experiment_name="e",
+        artifact_root=str(tmp_path / "art"),
+    )
+    tracker.log_model(_tiny_checkpoint(tmp_path))
+    tracker.finish()
+    model = tracker.download_artifacts("model", tmp_path / "fetched")
+    requirements = (model / "requirements.txt").read_text().split()
+    assert "recsys" not in requirements and any(r.startswith("torch") for r in requirements)
+    foreign = tmp_path / "site" / "recsys"  # what `pip install recsys` would bring
+    foreign.mkdir(parents=True)
+    (foreign / "__init__.py").write_text("")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        # a serving environment has only what the requirements install: not this checkout
+        sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+        sys.path = [p for p in sys.path if p not in ("", {str(Path.cwd())!r})]
+        import mlflow.pyfunc
+        model = mlflow.pyfunc.load_model({str(model)!r})
+        print(type(model.unwrap_python_model().model).__name__)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(foreign.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "LoadedModel"
+
+
+def _tiny_checkpoint(tmp_path):
+    """A scoring checkpoint of an untrained SASRec with a three-item vocabulary."""
+    import torch
+
+    from recsys.checkpoint import checkpoint_extra
+    from recsys.data.sequences import TimeBuckets
+    from recsys.data.vocab import Vocab
+    from recsys.model.sasrec import SASRec
+    from recsys.schema import EventSchema
+
+    vocab = Vocab.from_plain(
+        {
+            "item_id": [10, 11, 12],
+            "item_attributes": [[2]] * 3,
+            "item_train_count": [1] * 3,
+            "attribute": ["a"],
+            "behaviors": ["view"],
+        }
+    )
+    encoder = SASRec(num_items=vocab.num_items, max_seq_len=4, d_model=8, num_heads=1)
+    path = tmp_path / "model.ckpt"
+    extra = checkpoint_extra(
+        vocab=vocab,
+        schema=EventSchema(),
+        time_buckets=TimeBuckets(),
+        max_seq_len=4,
+        data_fingerprint="f",
+    )
+    extra["encoder_target"] = "recsys.model.sasrec.SASRec"
+    extra["encoder_config"] = encoder.config
+    state = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
+    torch.save({"state_dict": state, "recsys": extra}, path)
+    return path
+
+
+def test_a_version_registered_from_a_path_is_fetched_from_it_and_opens_no_run(
+    tmp_path, monkeypatch
+):
+    """A registered version need not belong to a run (mlflow registers a folder too): its
+    checkpoint comes from the version's source. Before, the missing run id opened a new,
+    empty MLflow run, left RUNNING, and the error named that run."""
+    from recsys.tracking import done_with, resolve_model
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    logger = {
+        "enabled": True,
+        "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "artifact_root": str(tmp_path / "artifacts"),
+        "experiment_name": "e",
+    }
+    packaged = tmp_path / "packaged" / "artifacts"
+    packaged.mkdir(parents=True)
+    (packaged / "model.ckpt").write_bytes(b"weights")
+    client = Tracker.from_config(logger, open_run=False).client
+    client.create_registered_model("m")
+    version = client.create_model_version("m", str(packaged.parent))
+    client.set_registered_model_alias("m", "champion", version.version)
+
+    path, tags = resolve_model("m@champion", logger)
+    assert path.read_bytes() == b"weights" and tags["model.version"] == str(version.version)
+    done_with(path)
+    assert not path.exists()
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert runs == []

@@ -44,3 +44,31 @@ def test_a_failed_write_leaves_no_file(tmp_path):
     with pytest.raises(RuntimeError, match="disk full"):
         write_atomically(tmp_path / "part-00000.parquet", fail)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_never_deletes_a_folder_that_is_not_a_scoring_output(tmp_path):
+    """retrieval.output.overwrite=true replaces an earlier scoring output; a path that is
+    something else (here a run folder with its checkpoint, or a file) is refused and kept."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.ckpt").write_text("weights")
+    stray = tmp_path / "notes.txt"
+    stray.write_text("notes")
+    for path in (run, stray):
+        with pytest.raises(FileExistsError, match="not a scoring output"):
+            PartitionedOutput(path, formats=["parquet"], job={"job": 2}, overwrite=True)
+    assert (run / "checkpoints" / "best.ckpt").read_text() == "weights"
+    assert stray.read_text() == "notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run"]  # no staging
+
+    # an earlier scoring output is still replaced, and an empty folder is fine
+    first = PartitionedOutput(tmp_path / "out", formats=["parquet"], job={"job": 1})
+    first.write(0, pl.DataFrame({"user_id": [1], "rank": [1]}))
+    first.commit()
+    second = PartitionedOutput(
+        tmp_path / "out", formats=["parquet"], job={"job": 2}, overwrite=True
+    )
+    second.write(0, pl.DataFrame({"user_id": [2], "rank": [1]}))
+    assert pl.read_parquet(second.commit() / "part-00000.parquet")["user_id"].to_list() == [2]
+    (tmp_path / "empty").mkdir()
+    PartitionedOutput(tmp_path / "empty", formats=["parquet"], job={"job": 3}, overwrite=True)
