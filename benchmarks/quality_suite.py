@@ -322,14 +322,14 @@ def table(results: list[dict]) -> str:
         "(source) | training min | min to NDCG 0.0546 | run (`python -m pipelines.run ...`) |",
         "|---|---|---|---:|---:|---:|---|---:|---:|---|",
     ]
-    groups: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str, str, str], list[dict]] = {}
     for result in results:
-        groups.setdefault((result["dataset"], result["model"]), []).append(result)
+        groups.setdefault(_entry(result), []).append(result)
     baselines_done = set()
-    for (dataset, model), runs in groups.items():
+    for (dataset, model, policy, _), runs in groups.items():
         spec = DATASETS[dataset]
-        if dataset not in baselines_done:  # evaluated in every run: shown once per dataset
-            baselines_done.add(dataset)
+        if (dataset, policy) not in baselines_done:  # in every run: once per dataset, protocol
+            baselines_done.add((dataset, policy))
             first = runs[0]["test"]
             for baseline in BASELINES:
                 rows.append(
@@ -348,11 +348,20 @@ def table(results: list[dict]) -> str:
             f"| {dataset} | {_label(MODELS[model], runs[0])} | {_protocol(spec, runs[0])} | "
             f"{len(runs)} | "
             f"{_spread(hr)} | {_spread(ndcg)} | {_published(published)} | "
-            f"{statistics.fmean(minutes):.1f} | {to_target} | `{_overrides(runs[0])}` |"
+            f"{f'{statistics.fmean(minutes):.1f}' if minutes else '—'} | {to_target} | "
+            f"`{_overrides(runs[0])}` |"
         )
     notes = [f"- {d}: {DATASETS[d].note}" for d in dict.fromkeys(r["dataset"] for r in results)]
     notes = [n for n in notes if not n.endswith(": ")]
     return "\n".join(rows + ([""] + notes if notes else []))
+
+
+def _entry(result: dict) -> tuple[str, str, str, str]:
+    """What one row averages seeds over: the dataset, the model, the run's protocol (its
+    ``training.unknown_targets``) and its recipe (the command without the seed), so that
+    ``--table-from`` never merges runs of other settings into one mean."""
+    policy = result.get("unknown_targets") or ""
+    return result["dataset"], result["model"], policy, _overrides(result)
 
 
 def _protocol(spec: Dataset, result: dict) -> str:
@@ -506,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _saved_results(paths: list[Path], parser: argparse.ArgumentParser) -> list[dict]:
-    """The runs of ``--json`` files, in file order; the same (dataset, model, seed) twice is an
-    error (a table would count one seed twice)."""
+    """The runs of ``--json`` files, in file order; the same (dataset, model, seed) of one
+    protocol and recipe twice is an error (a table would count one seed twice)."""
     results, seen = [], {}
     for path in paths:
         try:
@@ -519,11 +528,11 @@ def _saved_results(paths: list[Path], parser: argparse.ArgumentParser) -> list[d
         ):
             parser.error(f"--table-from {path}: not a list of runs; pass a file written by --json")
         for run in runs:
-            key = (run["dataset"], run["model"], run["seed"])
+            key = (*_entry(run), run["seed"])
             if key in seen:
                 parser.error(
-                    f"--table-from: {key[0]} / {key[1]} / seed {key[2]} is in both {seen[key]} "
-                    f"and {path}; pass each run once"
+                    f"--table-from: {run['dataset']} / {run['model']} / seed {run['seed']} is in "
+                    f"both {seen[key]} and {path}; pass each run once"
                 )
             seen[key] = path
             results.append(run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,60 @@ def test_bad_repeat_counts_are_refused():
         prepare_benchmark.main(["--repeats", "0"])
     with pytest.raises(SystemExit):
         prepare_benchmark.main(["--warmup", "-1"])
+
+
+def test_details_take_cpu_from_the_run_whose_wall_time_is_the_median(tmp_path, capsys, monkeypatch):
+    """The details line's CPU and cores busy belong to the median run, not to whichever run
+    came second: CPU of one run over the wall time of another is no core count."""
+    runs = iter([(0.30, 0.30), (0.10, 0.15), (0.20, 0.40)])  # (wall s, CPU s) in run order
+
+    def fake_measure(impl, events_dir, out_dir, **_):
+        wall, cpu = next(runs)
+        return {
+            "impl": impl, "api": "fake", "wall_s": wall, "cpu_s": cpu, "peak_rss_gib": 0.1,
+            "events_in": 5000, "events": 5000, "users_out": 10, "num_items": 20, "out_mib": 1.0,
+            "step_seconds": None, "load_before": 0.0, "load_after": 0.0,
+            "process_wall_s": 1.0, "sampled_rss_gib": 0.1,
+        }  # fmt: skip
+
+    monkeypatch.setattr(prepare_benchmark, "measure", fake_measure)
+    monkeypatch.setattr(
+        prepare_benchmark, "ensure_events", lambda data_dir, name, *_: data_dir / name
+    )
+    argv = ["--sizes", "5k", "--pandas-sizes", "", "--repeats", "3", "--warmup", "0",
+            "--data-dir", str(tmp_path)]  # fmt: skip
+    assert prepare_benchmark.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| 5k | 5,000 | recsys | 0.20 |" in out
+    assert "- 5k recsys: CPU 0.4 s (2.00 cores busy)" in out
+
+
+@pytest.mark.parametrize(
+    ("impl", "modules"),
+    [
+        ("recsys", ["polars", "recsys.data"]),
+        # pd.read_parquet of a folder goes through pyarrow.dataset
+        ("pandas", ["pandas", "benchmarks.pandas_reference", "pyarrow.dataset"]),
+    ],
+)
+def test_measured_jobs_import_their_code_before_the_clock_starts(impl, modules, tmp_path):
+    """The README: imports happen before the clock starts, on both sides (a fresh process,
+    as each measured job is: here they would be imported already)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from benchmarks import prepare_benchmark as pb\n"
+        "def spy(source, out_dir):\n"
+        f"    print([m for m in {modules!r} if m not in sys.modules])\n"
+        "    return {}, 'spy'\n"
+        f"pb.run_{impl} = spy\n"
+        f"pb.run_one({impl!r}, Path({str(tmp_path)!r}), Path({str(tmp_path / 'out')!r}))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"

@@ -110,6 +110,15 @@ def test_table_states_what_the_run_did_with_unrankable_targets():
     assert rows(quality_suite.table([base]))[-1][2] == quality_suite.P1
 
 
+def test_table_of_runs_without_a_training_clock_leaves_their_minutes_out():
+    """``callbacks.training_clock=null`` records no training time (``train_seconds`` None):
+    the row shows none instead of the table failing after every run has trained."""
+    timed = fake_result("sasrec_ce", 0, 0.05, 0.08, reached=None)
+    untimed = {**fake_result("atrank", 0, 0.05, 0.08, reached=None), "train_seconds": None}
+    *_, sasrec, atrank = rows(quality_suite.table([timed, untimed]))
+    assert (sasrec[7], atrank[7]) == ("10.0", "—")
+
+
 def test_table_from_saved_runs_merges_the_files(tmp_path, capsys):
     first, second = tmp_path / "seed0.json", tmp_path / "seeds12.json"
     first.write_text(json.dumps([fake_result("sasrec_ce", 0, 0.05, 0.08, reached=300.0)]))
@@ -119,6 +128,28 @@ def test_table_from_saved_runs_merges_the_files(tmp_path, capsys):
     assert quality_suite.main(["--table-from", str(first), str(second)]) == 0
     (*_, sasrec) = rows(capsys.readouterr().out)
     assert sasrec[3:6] == ["3", "0.0933 ± 0.0115", "0.0567 ± 0.0058"]
+
+
+def test_table_from_keeps_runs_of_other_protocols_and_recipes_apart(tmp_path, capsys):
+    """A row averages seeds of one recipe under one protocol: runs that left unknown-item
+    targets out, or ran other overrides, get rows of their own, never one mean."""
+    miss = {**fake_result("sasrec_ce", 0, 0.05, 0.08, reached=None), "unknown_targets": "miss"}
+    skip = {**fake_result("sasrec_ce", 1, 0.07, 0.12, reached=None), "unknown_targets": "skip"}
+    patience = {**fake_result("sasrec_ce", 2, 0.09, 0.16, reached=None), "unknown_targets": "miss"}
+    patience["command"] += " callbacks.early_stopping.patience=5"
+    for name, run in (("miss", miss), ("skip", skip), ("patience", patience)):
+        (tmp_path / f"{name}.json").write_text(json.dumps([run]))
+    files = [str(tmp_path / f"{name}.json") for name in ("miss", "skip", "patience")]
+    assert quality_suite.main(["--table-from", *files]) == 0
+    table = [row for row in rows(capsys.readouterr().out) if row[1].startswith("SASRec+")]
+    assert [(row[2].rsplit(", ", 1)[-1], row[3], row[5], row[9]) for row in table] == [
+        ("unknown-item targets counted as misses (S3-Rec family)", "1", "0.0500",
+         "`experiment=beauty model=sasrec`"),
+        ("unknown-item targets left out of the means", "1", "0.0700",
+         "`experiment=beauty model=sasrec`"),
+        ("unknown-item targets counted as misses (S3-Rec family)", "1", "0.0900",
+         "`experiment=beauty model=sasrec callbacks.early_stopping.patience=5`"),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -583,12 +583,13 @@ def test_pandas_frames_aware_naive_and_strings():
     # a fixed offset, as pd.to_datetime parses "+05:30" (polars knows no such zone name)
     offset = pd.to_datetime(["2024-01-15T09:00:00+05:30", "2024-07-15T09:00:00+05:30"])
     fixed = eastern.assign(**{TIMESTAMP: offset})
-    assert str(fixed[TIMESTAMP].dtype) == "datetime64[us, UTC+05:30]"
+    dtype = str(fixed[TIMESTAMP].dtype)  # [us, ...] on pandas 3, [ns, ...] on pandas 2
+    assert dtype.endswith(", UTC+05:30]")
     assert instants(load_events(fixed, schema)) == [
         utc(2024, 1, 15, 3, 30),
         utc(2024, 7, 15, 3, 30),
     ]
-    assert str(fixed[TIMESTAMP].dtype) == "datetime64[us, UTC+05:30]"  # the caller's frame kept
+    assert str(fixed[TIMESTAMP].dtype) == dtype  # the caller's frame kept
 
 
 def test_pandas_nan_ids_are_null_ids(tmp_path):

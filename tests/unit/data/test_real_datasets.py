@@ -241,9 +241,11 @@ def test_retailrocket_events_with_category_properties(make_config, tmp_path):
     properties = tmp_path / "item_properties_part1.csv"
     properties.write_text(
         "timestamp,itemid,property,value\n"
-        "1435460400000,355908,categoryid,1173\n"
-        "1441508400000,248676,categoryid,1231\n"
-        "1439089200000,248676,categoryid,999\n"  # older value: the latest one wins
+        # dated before the events (2015-06-02): a value recorded after the last training
+        # event never reaches the vocabulary (data.item_columns.timestamp)
+        "1432263600000,355908,categoryid,1173\n"
+        "1432868400000,248676,categoryid,1231\n"
+        "1432609200000,248676,categoryid,999\n"  # older value: the latest one wins
         "1431226800000,318965,888,1297729 n6.000\n"
         "1431226800000,318965,categoryid,1338\n"
     )
