@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -126,8 +127,17 @@ def write_scoring_checkpoint(checkpoint: str | Path, destination: str | Path) ->
 
 
 def model_digest(model: LoadedModel) -> str:
-    """sha256 of the encoder's weights and the vocabulary: identifies a model for resuming."""
+    """sha256 of the encoder's weights, the vocabulary and every setting that shapes its
+    scores (schema, time buckets, window, target behaviours): identifies a model for resuming
+    a scoring job, so parts scored with other settings are never taken as this model's."""
     digest = hashlib.sha256(model.vocab.content_hash().encode())
+    settings = {
+        "schema": model.schema.to_dict(),
+        "time_buckets": asdict(model.time_buckets),
+        "max_seq_len": model.max_seq_len,
+        "target_behaviors": model.target_behaviors,
+    }
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.encoder.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())

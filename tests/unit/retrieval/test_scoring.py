@@ -723,3 +723,21 @@ def test_bad_row_policies_are_given_to_recommend_frame(setup):
     assert_frame_equal(dropped, _score(model, events))
     with pytest.raises(ValueError, match=r"data.bad_rows.unknown_behavior='skip': use one of"):
         recommend_frame(model, events, bad_rows={"unknown_behavior": "skip"})
+
+
+def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
+    """A resumed scoring job takes parts written under the same model digest as its own: the
+    same weights with another window, time buckets or target behaviours score otherwise."""
+    from dataclasses import replace
+
+    from recsys.checkpoint import model_digest
+
+    model, _ = setup
+    digest = model_digest(model)
+    assert model_digest(replace(model)) == digest
+    for change in (
+        {"max_seq_len": 8},
+        {"time_buckets": TimeBuckets(unit_seconds=86_400)},
+        {"target_behaviors": ("purchase",)},
+    ):
+        assert model_digest(replace(model, **change)) != digest, change
