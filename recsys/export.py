@@ -94,10 +94,15 @@ class _ServingEncoder(nn.Module):
     encoders' ``T <= max_seq_len`` check is Python control flow, which a trace drops; past it a
     positional table slice would silently go wrong) and the optional ``query_time_bucket``."""
 
-    def __init__(self, traced: nn.Module, max_seq_len: int) -> None:
+    def __init__(self, traced: nn.Module, max_seq_len: int, config: dict[str, Any]) -> None:
         super().__init__()
         self.traced = traced
         self.max_seq_len = max_seq_len
+        # each index input's table size (-1: an input this encoder does not read); past it an
+        # embedding lookup fails with torch's "index out of range in self", naming nothing
+        self.num_items = int(config.get("num_items", -1))
+        self.num_behaviors = int(config.get("num_behaviors", -1))
+        self.num_time_buckets = int(config.get("num_time_buckets", -1))
 
     def forward(
         self,
@@ -137,6 +142,17 @@ class _ServingEncoder(nn.Module):
                 f"sequence length T={item.shape[1]} exceeds max_seq_len={self.max_seq_len}: "
                 f"keep the last {self.max_seq_len} events"
             )
+        for name, tensor, size in [
+            ("item", item, self.num_items),
+            ("behavior", behavior, self.num_behaviors),
+            ("time_bucket", time_bucket, self.num_time_buckets),
+            ("query_time_bucket", query_time_bucket, self.num_time_buckets),
+        ]:
+            if size > 0 and bool(((tensor < 0) | (tensor >= size)).any()):
+                raise ValueError(
+                    f"{name} holds indices outside [0, {size}): map ids with vocab.json "
+                    "(0 = padding, 1 = unknown)"
+                )
         return self.traced(item, behavior, time_bucket, padding_mask, query_time_bucket)
 
 
@@ -214,7 +230,7 @@ def export_model(
     with torch.no_grad():
         keys = encoder.item_keys().detach().clone().contiguous()  # (I, D)
         bias = _item_bias(encoder).detach().clone().contiguous()  # (I,)
-        user_encoder = _script_encoder(encoder, max_seq_len)
+        user_encoder = _script_encoder(encoder, max_seq_len, config)
     _warn_if_zero_bucket_is_not_none(encoder)
 
     metadata = _metadata(encoder, config, keys, bias, max_seq_len)
@@ -340,7 +356,9 @@ def _example_inputs(
     return item, behavior, time_bucket, padding_mask, query_time_bucket
 
 
-def _script_encoder(encoder: nn.Module, max_seq_len: int) -> torch.jit.ScriptModule:
+def _script_encoder(
+    encoder: nn.Module, max_seq_len: int, config: dict[str, Any]
+) -> torch.jit.ScriptModule:
     """Trace the query path (checked against the Python module on other batch sizes and
     sequence lengths, which fails if a shape got baked in) and wrap it in the scripted shell."""
     example = _example_inputs(2, 4, max_seq_len, seed=0)
@@ -355,7 +373,7 @@ def _script_encoder(encoder: nn.Module, max_seq_len: int) -> torch.jit.ScriptMod
             "ignore", message="Converting a tensor to a Python boolean", category=Warning
         )
         traced = torch.jit.trace(_QueryVector(encoder), example, check_inputs=checks)
-    scripted = torch.jit.script(_ServingEncoder(traced, max_seq_len))
+    scripted = torch.jit.script(_ServingEncoder(traced, max_seq_len, config))
     # Belt and braces: the scripted module on one more shape equals the Python encoder.
     probe = _example_inputs(2, max(1, max_seq_len - 1), max_seq_len, seed=2)
     expected = encoder(*probe).query

@@ -321,3 +321,26 @@ def test_a_trained_rerank_head_is_named_not_silently_dropped(tmp_path, caplog):
     assert meta["rerank_head"].startswith("trained, not exported")
     export_model(make_encoder("sasrec"), tmp_path / "sasrec")  # has no head
     assert json.loads((tmp_path / "sasrec" / "export.json").read_text())["rerank_head"] == "none"
+
+
+def test_indices_outside_the_tables_are_named(tmp_path):
+    """An id mapped wrongly (an index past the catalogue, a negative one) is refused naming
+    the input, not with torch's "index out of range in self"."""
+    export_model(make_encoder("atrank"), tmp_path / "export")
+    exported = load_exported(tmp_path / "export")
+    batch = make_batch([3, 4], SIZES["max_seq_len"], seed=0)
+    inputs = {
+        "item": batch.item,
+        "behavior": batch.behavior,
+        "time_bucket": batch.time_bucket,
+        "padding_mask": batch.padding_mask,
+    }
+    exported.score(**inputs)  # in range: fine
+    for name, value in (
+        ("item", SIZES["num_items"]),
+        ("behavior", -1),
+        ("time_bucket", SIZES["num_time_buckets"]),
+    ):
+        bad = {**inputs, name: inputs[name].clone().fill_(value)}
+        with pytest.raises(Exception, match=rf"{name} holds indices outside \[0, "):
+            exported.score(**bad)
