@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import polars as pl
 
-from recsys.schema import ATTRIBUTES, CANONICAL_COLUMNS, CATEGORY, ITEM, SESSION, USER, EventSchema
+from recsys.schema import ATTRIBUTES, CANONICAL_COLUMNS, CATEGORY, ITEM, TIMESTAMP, EventSchema
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _warn_on_mixed_types(folder: Path, files: list[Path], frames: list[pl.LazyFr
 
 def _scan_file(path: Path, columns: Mapping[str, bool]) -> pl.LazyFrame:
     """A CSV / Parquet file or folder as a LazyFrame. ``columns`` names the columns wanted
-    from a CSV, True for an id column (see :func:`_csv_types`)."""
+    from a CSV, True for an id or name column (see :func:`_csv_types`)."""
     if not path.exists():
         raise DataError(f"event log {path} does not exist: check data.source.path")
     if path.is_dir():
@@ -121,10 +121,11 @@ def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.
     """Type the wanted ``columns`` of a CSV read as text, from every row (a column that mixes
     numbers and text stays text instead of failing half-way through a later read).
 
-    An id column (True in ``columns``) becomes Int64 only when each value is exactly an
-    integer's text (``7``, ``-12``): ids as written, so ``007`` and ``7`` stay two ids, and
-    integer ids are the same (and give the same fingerprint) as in a Parquet file or a frame.
-    Another column becomes Int64 or Float64 where every value parses, else stays text. One
+    An id or name column (True in ``columns``; see :func:`_wanted`) becomes Int64 only when
+    each value is exactly an integer's text (``7``, ``-12``): ids as written, so ``007`` and
+    ``7`` stay two ids, and integer ids are the same (and give the same fingerprint) as in a
+    Parquet file or a frame. The timestamp becomes Int64 or Float64 where every value parses,
+    else stays text. One
     pass, in place of polars' own schema inference over every row."""
     try:
         present = [c for c in columns if c in lf.collect_schema()]
@@ -227,11 +228,13 @@ def select_mapped(
 
 
 def _wanted(columns: Mapping[str, str | None]) -> dict[str, bool]:
-    """Mapped source columns -> whether each holds ids (read as written from a CSV)."""
+    """Mapped source columns -> whether each is read as written from a CSV: every column but
+    the timestamp holds ids or names (users, items, sessions, event types, categories,
+    attributes), which a number would change (``007`` -> 7, ``1.10`` -> 1.1)."""
     wanted: dict[str, bool] = {}
     for canonical, column in columns.items():
         if column:
-            wanted[column] = wanted.get(column, False) or canonical in (USER, ITEM, SESSION)
+            wanted[column] = wanted.get(column, False) or canonical != TIMESTAMP
     return wanted
 
 

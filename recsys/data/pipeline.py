@@ -157,6 +157,8 @@ class PrepareSettings:
             raise ValueError(
                 f"data.session_gap_seconds={self.session_gap_seconds} must be > 0 (or null)"
             )
+        if self.session_gap_seconds is not None:  # 1800 and 1800.0: one fingerprint
+            object.__setattr__(self, "session_gap_seconds", float(self.session_gap_seconds))
         if self.window_start and self.window_end and self.window_start >= self.window_end:
             raise ValueError(
                 f"data.window.start={self.window_start.isoformat()} is not before "

@@ -71,6 +71,8 @@ class TimeBuckets:
             raise ValueError(
                 f"data.time_buckets.reference={self.reference!r} must be previous or target"
             )
+        # 60 (conf/data/base.yaml) and 60.0 (the default here) are one setting: one fingerprint
+        object.__setattr__(self, "unit_seconds", float(self.unit_seconds))
 
     @property
     def num_embeddings(self) -> int:

@@ -660,6 +660,22 @@ def test_csv_ids_are_read_as_written(tmp_path):
     assert events.schema[USER] == pl.Int64 and events[ITEM].to_list() == [2**63 - 1]
 
 
+def test_csv_event_types_and_categories_are_read_as_written(tmp_path):
+    """Event types and categories are names, as ids are: a CSV's ``01`` stays ``01`` (not
+    event ``1``, which no alias maps), and categories ``1.1``, ``1.10`` and ``007`` stay three
+    categories (not two floats ``1.1`` and ``7.0``), as in a frame of the same text."""
+    schema = EventSchema(
+        columns={**NO_CATEGORY, CATEGORY: CATEGORY}, behavior_aliases={"01": "view"}
+    )
+    rows = [(1, 1, "1.1"), (1, 2, "1.10"), (2, 3, "007")]
+    text = "user_id,item_id,timestamp,event_type,category\n" + "".join(
+        f"{u},{i},{10 + i},01,{c}\n" for u, i, c in rows
+    )
+    events = load_events(write(tmp_path / "in", "log.csv", text), schema)
+    assert events[EVENT_TYPE].to_list() == ["view"] * 3
+    assert events[ATTRIBUTES].to_list() == [["1.1"], ["1.10"], ["007"]]
+
+
 def prepare_file_and_frame(tmp_path: Path, log: pl.DataFrame, suffix: str) -> tuple[dict, dict]:
     path = tmp_path / f"log{suffix}"
     getattr(log, "write_csv" if suffix == ".csv" else "write_parquet")(path)

@@ -383,6 +383,19 @@ def test_fingerprint_is_stable_and_sees_data_and_settings(tmp_path):
     )
 
 
+def test_fingerprint_does_not_depend_on_how_a_number_setting_is_written(tmp_path):
+    # conf/data/base.yaml writes time_buckets.unit_seconds: 60, the Python API's default is
+    # 60.0, and a command line may write session_gap_seconds=1800 or 1800.0: the same settings
+    events = synthetic()
+    first = prepare(events, tmp_path / "a", replace(SETTINGS, session_gap_seconds=1800.0))
+    second = prepare(
+        events,
+        tmp_path / "b",
+        replace(SETTINGS, time_buckets=TimeBuckets(unit_seconds=60), session_gap_seconds=1800),
+    )
+    assert second["fingerprint"] == first["fingerprint"]
+
+
 @pytest.mark.parametrize("partition_rows", [SETTINGS.partition_rows, 1_000])
 def test_category_text_is_cleaned_once_per_value(tmp_path, partition_rows):
     # surrounding whitespace is stripped and a blank category is null, in memory and through
