@@ -84,6 +84,26 @@ def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Mod
     return encoder
 
 
+def build_callbacks(cfg: DictConfig) -> dict[str, pl.Callback]:
+    """``callbacks.*`` by config key; a callback set to null is off
+    (``callbacks.weight_averaging`` by default).
+
+    The weight average leaves the encoder's buffers out (``use_buffers=False`` unless set):
+    they are constants (the item -> attribute table, the PAD/UNK score mask), and Lightning's
+    EMA computes ``decay * average + (1 - decay) * current`` in floating point on them too,
+    which the integer attribute table then truncates (decay 0.9999: about a fifth of the
+    attribute indices lowered by one in what is validated and saved)."""
+    callbacks = {}
+    for key, settings in (cfg.callbacks or {}).items():
+        if settings is None:
+            continue
+        extra = {}
+        if key == "weight_averaging" and "use_buffers" not in settings:
+            extra["use_buffers"] = False
+        callbacks[key] = instantiate(settings, **extra)
+    return callbacks
+
+
 def _encoder(cfg: DictConfig, **sizes: int) -> torch.nn.Module:
     return instantiate(cfg.model, **sizes, max_seq_len=cfg.data.max_seq_len)
 
@@ -116,6 +136,31 @@ def check_model_settings(cfg: DictConfig) -> None:
             target_shares=known_target_shares({}),
         )
         module.optimizer_factory(params=module.parameters())  # torch's checks (betas, eps)
+    check_time_reference(cfg, encoder, module.objective)
+
+
+def check_time_reference(cfg: DictConfig, encoder: torch.nn.Module, objective: str) -> None:
+    """Refuse ``data.time_buckets.reference=target`` where a causal encoder that reads time
+    buckets is trained at every position of a window: every token's bucket is then its gap to
+    the window's last target, so each earlier position would learn from when a later event
+    happens (and evaluation, which measures gaps to that position's own target, differs)."""
+    reference = time_buckets(to_container(cfg.data)).reference
+    samples = (cfg.data.get("loader") or {}).get("train_samples", "windows")
+    reads_time = "num_time_buckets" in getattr(encoder, "config", {})  # SASRec reads none
+    if (
+        reference == "target"
+        and samples == "windows"
+        and objective == "retrieval"
+        and reads_time
+        and getattr(encoder, "causal", True)
+    ):
+        raise ValueError(
+            "data.time_buckets.reference=target gives every token its gap to the window's last "
+            "target, so a causal encoder trained at every position "
+            "(data.loader.train_samples=windows) would see when later events happen: use "
+            "data.loader.train_samples=prefixes (one row per target), model.causal=false (the "
+            "last position trained) or data.time_buckets.reference=previous"
+        )
 
 
 @contextmanager
@@ -475,8 +520,7 @@ def _run(cfg: DictConfig, tracker: Tracker | None) -> TrainResult:
             module.checkpoint_extra[RUN_ID_KEY] = tracker.run_id
         log_run_inputs(tracker, cfg, prepared_dir)
 
-        # a callback set to null is off (callbacks.weight_averaging by default)
-        callbacks = {k: instantiate(c) for k, c in (cfg.callbacks or {}).items() if c is not None}
+        callbacks = build_callbacks(cfg)
         monitors = {
             f"callbacks.{key}.monitor": callback.monitor
             for key, callback in callbacks.items()

@@ -2,7 +2,8 @@
 
 Every loss takes scores already computed by the model (``score = query · key + bias``) and
 returns the weighted mean over rows, ``Σ w_m · loss_m / Σ w_m`` (``weight=None``: all 1), so
-per-behaviour loss weights apply to any loss.
+per-behaviour loss weights apply to any loss; with no row (a batch whose targets are all UNK)
+it is 0, as with weights that are all 0, not the NaN of an empty mean.
 
 - ``full_softmax``: cross-entropy over the whole catalogue (Klenitskiy & Vasilev 2023, SASRec+).
 - ``sampled_softmax``: cross-entropy over the target and K sampled negatives with the logQ
@@ -50,7 +51,7 @@ SAMPLERS = ("uniform", "popularity")
 
 def weighted_mean(per_row: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     if weight is None:
-        return per_row.mean()
+        return per_row.mean() if per_row.numel() else per_row.sum()
     return (per_row * weight).sum() / weight.sum().clamp(min=1e-12)
 
 

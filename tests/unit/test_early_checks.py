@@ -30,6 +30,11 @@ from recsys.tasks import main, prepare, train
         ("training.loss=gbce training.gbce_t=5", r"^training.gbce_t=5 must lie in \[0, 1\]"),
         ("training.negative_sampler=foo", r"^training.negative_sampler='foo' is not supported"),
         ("training.sampled_metrics={sampler:foo}", r"^training.sampled_metrics.sampler='foo'"),
+        ("data.time_buckets.reference=target", r"^data.time_buckets.reference=target gives"),
+        (
+            "model=atrank_faithful model.causal=true training.objective=retrieval",
+            r"^data.time_buckets.reference=target gives",
+        ),
     ],
 )
 def test_model_and_training_settings_are_refused_before_preparing(
@@ -52,6 +57,10 @@ def test_model_and_training_settings_are_refused_before_preparing(
         ["model=atrank_faithful"],
         ["training.loss=gbce", "training.num_negatives=256"],
         ["training.loss=sampled_softmax", "training.negative_sampler=popularity"],
+        # the last position trained, or no time read: gaps to the target's time leak nothing
+        ["data.time_buckets.reference=target", "data.loader.train_samples=prefixes"],
+        ["data.time_buckets.reference=target", "model=sasrec"],
+        ["model=atrank_faithful", "model.causal=true"],  # target_attention: the last position
     ],
 )
 def test_the_trial_build_takes_the_shipped_settings(make_config, overrides):

@@ -126,6 +126,26 @@ def test_every_objective_and_loss_trains(kwargs):
     assert any(g.abs().sum() > 0 for g in grads)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"loss": "full_softmax"},
+        {"loss": "sampled_softmax", "num_negatives": 5},
+        {"loss": "gbce", "num_negatives": 4},
+        {"loss": "bce", "num_negatives": 1, "objective": "target_attention"},
+    ],
+    ids=["ce", "ssm", "gbce", "target-attention"],
+)
+def test_a_batch_without_a_learnable_target_gives_a_zero_loss_not_nan(kwargs):
+    """Every target UNK (items rarer than data.min_item_count; e.g. an epoch's last batch of
+    one row): nothing to learn, so 0, as behaviour weights that select no target give."""
+    m, b = module(**kwargs), batch()
+    b.target_item = b.target_item.masked_fill(b.padding_mask, 1)  # UNK
+    loss = train_loss(m, b)
+    assert loss.item() == 0.0
+    loss.backward()
+
+
 def test_full_softmax_loss_is_the_cross_entropy_of_every_real_position():
     m, b = module(), batch()
     output = m(b)
