@@ -629,9 +629,10 @@ def _prepare(
             + (f"lower data.min_item_count={count}, or " if count > 1 else "")
             + settings.split.widening()
         )
+    items_label = None if items is None else items_name or describe_source(items)
     items_listed = None
     if item_table is not None:
-        items_listed = _log_item_coverage(vocab, item_table, describe_source(items))
+        items_listed = _log_item_coverage(vocab, item_table, items_label)
 
     clock.lap("vocabulary")
 
@@ -693,7 +694,7 @@ def _prepare(
     items_hash = _frame_digest(item_table.collect()) if item_table is not None else None
     stats = {
         "source": name,
-        "items_source": None if items is None else items_name or describe_source(items),
+        "items_source": items_label,
         "item_columns": None if items is None else dict(item_columns or DEFAULT_ITEM_COLUMNS),
         "items_listed": items_listed,  # training items the item table gives attributes
         "fingerprint": _fingerprint(rows_read, digest[0], items_hash, settings, schema),
