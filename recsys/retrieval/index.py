@@ -184,13 +184,20 @@ class FaissIndex:
         cache_dir: str | Path | None = None,
         cache_keep: int | None = 3,
     ) -> None:
-        try:
-            import faiss
-        except ImportError as err:
-            raise ImportError(
-                "retrieval.index=faiss needs faiss: pip install 'recsys[ann]' (faiss-cpu), "
-                "or use retrieval.index=exact"
-            ) from err
+        check_faiss_settings(
+            {
+                "kind": kind,
+                "metric": metric,
+                "hnsw_m": hnsw_m,
+                "ef_construction": ef_construction,
+                "ef_search": ef_search,
+                "nlist": nlist,
+                "nprobe": nprobe,
+                "cache_keep": cache_keep,
+            }
+        )
+        import faiss
+
         self.faiss = faiss
         if threads:  # faiss' OpenMP setting is process-wide
             faiss.omp_set_num_threads(int(threads))
@@ -198,22 +205,13 @@ class FaissIndex:
         self.ids = torch.nonzero(~blocked.cpu()).squeeze(1)  # faiss row -> item index
         vectors = torch.cat([keys.detach().cpu(), bias.detach().cpu()[:, None]], dim=1)
         vectors = np.ascontiguousarray(vectors[self.ids].numpy(), dtype=np.float32)
-        if kind not in FAISS_KINDS:
-            raise ValueError(f"retrieval.faiss.kind={kind!r}: use one of {list(FAISS_KINDS)}")
-        if metric not in FAISS_METRICS:
-            raise ValueError(f"retrieval.faiss.metric={metric!r}: use one of {list(FAISS_METRICS)}")
         if kind == "flat":
             metric = "inner_product"  # exact either way; the reference keeps the plain form
         build = {"kind": kind, "metric": metric}
         if kind == "hnsw":
-            build["hnsw_m"] = _check_positive("faiss.hnsw_m", hnsw_m)
-            build["ef_construction"] = _check_positive("faiss.ef_construction", ef_construction)
-            ef_search = _check_positive("faiss.ef_search", ef_search)
+            build["hnsw_m"], build["ef_construction"] = int(hnsw_m), int(ef_construction)
         elif kind == "ivf":
-            build["nlist"] = min(_check_positive("faiss.nlist", nlist), max(1, len(vectors) // 39))
-            nprobe = _check_positive("faiss.nprobe", nprobe)
-        if cache_keep is not None:
-            cache_keep = _check_positive("faiss.cache_keep", cache_keep)
+            build["nlist"] = min(int(nlist), max(1, len(vectors) // 39))
         cache = None
         if cache_dir is not None:
             key = _content_key(vectors, self.ids, build)
