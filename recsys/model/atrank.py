@@ -25,7 +25,7 @@ ATRank's reference code corresponds to::
 
     ATRank(..., norm_first=False, qkv_activation="relu", output_projection=False,
            ffn_multiplier=0.25, activation="relu", positional="none", causal=False,
-           item_bias=True, behavior_projection=True)
+           item_bias=True, behavior_projection=True, query_time=False)
 
 (the reference's candidate vector is the item ⊕ category embedding itself, D/2 each, and its
 logit ``item_b + u · i_emb``: no F_target, as in both presets here).
@@ -131,6 +131,9 @@ class ATRank(nn.Module):
       keys are L2-normalised and scaled by τ^-1/2, so every consumer of ``hidden``,
       ``query`` and :meth:`item_keys` (losses, evaluation, retrieval indexes, export) sees the
       same scores. Item biases, if any, are added as before.
+    - ``query_time``: add to every token an embedding of the gap from its event to the moment
+      its prediction is for (``query_time_bucket``; True, the default). ATRank's reference has
+      no such input (False): its only time feature is each token's gap bucket.
     - ``embedding_std``: the std the item and attribute tables are stored at (None:
       dim^-1/2); they are used divided by it, so features start at unit scale whatever it is,
       but a smaller value makes Adam move them faster (BSARec's 0.02 learns several times
@@ -154,7 +157,8 @@ class ATRank(nn.Module):
     # has F_target keys and an item bias (before the seventh session), F_g tokens (before
     # the ninth), no low-pass branch (before the tenth) and item / attribute tables stored at
     # std dim^-1/2 (before the eleventh), attention as causal as the encoder and no token
-    # LayerNorm (before the twelfth), no attribute attention scores (before the nineteenth).
+    # LayerNorm (before the twelfth), no attribute attention scores (before the nineteenth)
+    # and a query-time embedding (always, before query_time existed).
     ARGUMENTS_BEFORE_THEY_EXISTED = {
         "key_projection": True,
         "item_bias": True,
@@ -166,6 +170,7 @@ class ATRank(nn.Module):
         "token_norm": False,
         "attribute_attention": False,
         "score_temperature": None,
+        "query_time": True,
     }
 
     def __init__(
@@ -201,6 +206,7 @@ class ATRank(nn.Module):
         token_norm: bool = False,
         attribute_attention: bool = False,
         score_temperature: float | None = None,
+        query_time: bool = True,
         init_std: float | None = None,
         position_std: float | None = None,
     ) -> None:
@@ -277,6 +283,7 @@ class ATRank(nn.Module):
                 "attribute_dim=0 has none: set attribute_dim > 0 or attribute_attention=false"
             )
         item_bias = _check_bool("item_bias", item_bias)
+        query_time = _check_bool("query_time", query_time)
         score_temperature = _check_score_temperature(score_temperature)
         filter_mix = _check_filter_mix(filter_mix)
         filter_frequencies = _check_filter_frequencies(filter_frequencies)
@@ -326,6 +333,7 @@ class ATRank(nn.Module):
             "token_norm": token_norm,
             "attribute_attention": attribute_attention,
             "score_temperature": score_temperature,
+            "query_time": query_time,
         }
         self.num_items = num_items
         self.d_model = d_model
@@ -393,7 +401,10 @@ class ATRank(nn.Module):
 
         # How long after the last event the prediction is for: "continue this session" and
         # "come back next week" call for different items (ATRank measures gaps to the target).
-        self.query_time_embedding = nn.Embedding(num_time_buckets, d_model, padding_idx=0)
+        # (None with query_time=False: ATRank's reference has no such input.)
+        self.query_time_embedding = (
+            nn.Embedding(num_time_buckets, d_model, padding_idx=0) if query_time else None
+        )
         self.rerank_query = nn.Linear(d_model, d_model)
         self.rerank_output = nn.Linear(d_model, d_model)
         init_linear_layers(self, init_std)
@@ -424,13 +435,14 @@ class ATRank(nn.Module):
             padding_mask: (B, T) bool, True = real token.
             query_time_bucket: (B, T) long or None, bucket of the gap from each position to the
             time its prediction is for (0 = unknown); added to the token embeddings, which is
-            causal-safe: it reveals when the next event happens, never what it is.
+            causal-safe: it reveals when the next event happens, never what it is. Ignored with
+            ``query_time=False``.
             returns: EncoderOutput with hidden (B, T, D) (zero rows at padding positions),
             query (B, D) = hidden[:, -1],
             and padding_mask passed through.
         """
         x = self.embedding(item, behavior, time_bucket, padding_mask)  # (B, T, D)
-        if query_time_bucket is not None:
+        if query_time_bucket is not None and self.query_time_embedding is not None:
             # Told up front, the attention can pick what matters for that moment: the current
             # session's items for a gap of seconds, long-term interests for a gap of days.
             x = x + self.query_time_embedding(query_time_bucket) * padding_mask[..., None]

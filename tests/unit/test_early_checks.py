@@ -32,7 +32,8 @@ from recsys.tasks import main, prepare, train
         ("training.sampled_metrics={sampler:foo}", r"^training.sampled_metrics.sampler='foo'"),
         ("data.time_buckets.reference=target", r"^data.time_buckets.reference=target gives"),
         (
-            "model=atrank_faithful model.causal=true training.objective=retrieval",
+            "model=atrank_faithful model.causal=true training.objective=retrieval"
+            " data.loader.train_samples=windows",
             r"^data.time_buckets.reference=target gives",
         ),
     ],

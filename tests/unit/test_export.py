@@ -39,6 +39,7 @@ FAITHFUL = {
     "causal": False,
     "item_bias": True,
     "behavior_projection": True,
+    "query_time": False,
 }
 ENCODERS = (
     "atrank",

@@ -35,6 +35,7 @@ FAITHFUL = {
     "causal": False,
     "item_bias": True,
     "behavior_projection": True,
+    "query_time": False,
 }
 
 
@@ -795,6 +796,12 @@ def test_faithful_preset_config_is_the_reference_form() -> None:
     assert training == {"objective": "target_attention", "loss": "bce", "num_negatives": 1}
     assert cfg.training.shared_negatives is False
     assert cfg.data.time_buckets.reference == "target"
+    # the reference trains one row per prefix (build_dataset.py): every target, not one a window
+    assert cfg.data.loader.train_samples == "prefixes"
+    # evaluation ranks by the target-attention score it trains (within the retrieval top N),
+    # with no re-rank loss beside the reference's BCE
+    assert cfg.training.rerank_top_n >= max(cfg.training.metric_ks)
+    assert cfg.training.rerank_loss_weight == 0
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         modern = compose(config_name="config", overrides=["model=atrank", "experiment=beauty"])
         beauty = compose(
@@ -821,3 +828,16 @@ def test_faithful_preset_config_is_the_reference_form() -> None:
     output = model(*tokens)
     assert output.hidden.shape == (2, 5, 16)
     assert torch.equal(output.hidden[0, :2], torch.zeros(2, 16))
+
+
+def test_faithful_encoder_has_no_query_time_input() -> None:
+    """ATRank's reference code has no query-time embedding: with the preset's switches the
+    encoder ignores ``query_time_bucket`` (the token's gap bucket is its only time input),
+    while the modern encoder reads it."""
+    tokens = make_tokens([3, 5], seq_len=5)
+    query_time = torch.randint(1, SIZES["num_time_buckets"], (2, 5)) * tokens[3]
+    faithful = make_model(**FAITHFUL)
+    assert faithful.query_time_embedding is None
+    assert torch.equal(faithful(*tokens).hidden, faithful(*tokens, query_time).hidden)
+    modern = make_model()
+    assert not torch.equal(modern(*tokens).hidden, modern(*tokens, query_time).hidden)
