@@ -83,12 +83,13 @@ class PartitionedOutput:
         self.key = job_key(job)
         self.job = job
         self.complete = False
-        if self.path.exists():
+        # an empty folder (made ahead for the job) holds nothing to lose: written into as if absent
+        if self.path.exists() and not _is_empty_folder(self.path):
             if self._key_of(self.path) == self.key:
                 log.info("%s already holds this job's complete output: nothing to do", self.path)
                 self.complete = True
                 return
-            if self._key_of(self.path) is None and not _is_empty_folder(self.path):
+            if self._key_of(self.path) is None:
                 # overwrite replaces (deletes) an earlier scoring output only, never a run
                 # folder, the checkpoints or anything else that happens to be at the path
                 raise FileExistsError(

@@ -29,7 +29,9 @@ Output columns (long format, one row per user and rank)::
     explain_1_timestamp  explain_1_weight  ...  explain_3_weight  item_category
 
 ``explain_j_*`` (model rows; null elsewhere) is the history event with the j-th largest
-target-attention weight for that recommended item.
+explanation weight for that recommended item (``encoder.explanation_weights``: the
+target-attention head's weights once it is trained, else the softmax over history positions of
+the item key's match with each history state).
 """
 
 from __future__ import annotations
@@ -396,7 +398,7 @@ class Recommender:
         )
 
     def _explain(self, items, source, output, batch, rows):
-        """Top ``explanations`` (E) history events by target-attention weight for each model
+        """Top ``explanations`` (E) history events by explanation weight for each model
         item: flat event indices (B, K, E) (-1 = none) and weights (B, K, E) (0 = none), on
         the device. E columns whatever the batch: a batch whose longest window holds fewer
         than E events has its last columns empty."""

@@ -72,3 +72,11 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_scoring_output(tmp_path)
     assert pl.read_parquet(second.commit() / "part-00000.parquet")["user_id"].to_list() == [2]
     (tmp_path / "empty").mkdir()
     PartitionedOutput(tmp_path / "empty", formats=["parquet"], job={"job": 3}, overwrite=True)
+
+
+def test_an_empty_folder_at_the_output_path_is_written_into_without_overwrite(tmp_path):
+    # a folder made ahead for the job holds no other job's output: nothing to refuse or lose
+    (tmp_path / "out").mkdir()
+    output = PartitionedOutput(tmp_path / "out", formats=["parquet"], job={"job": 1})
+    output.write(0, pl.DataFrame({"user_id": [1], "rank": [1]}))
+    assert pl.read_parquet(output.commit() / "part-00000.parquet")["user_id"].to_list() == [1]
