@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from recsys.checkpoint import LoadedModel, load_checkpoint
+
 log = logging.getLogger(__name__)
 
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
@@ -291,6 +293,16 @@ class FetchedCheckpoint(type(Path())):
     _remove: weakref.finalize
 
 
+def load_model(
+    ref: str | Path, logger_cfg: Mapping[str, Any] | None, option: str = "model"
+) -> tuple[LoadedModel, dict[str, str]]:
+    """``ref`` (see :func:`resolve_model`) -> the loaded model and how it was found (tags)."""
+    path, tags = resolve_model(str(ref), logger_cfg, option)
+    model = load_checkpoint(path)
+    done_with(path)
+    return model, tags
+
+
 def done_with(path: Path) -> None:
     """Remove the copy :func:`resolve_model` fetched, now that the checkpoint is loaded (a
     checkpoint path given directly is the caller's file: left alone)."""
@@ -298,9 +310,11 @@ def done_with(path: Path) -> None:
         path._remove()
 
 
-def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path, dict[str, str]]:
-    """Where the model named by ``model=`` is, as a local checkpoint file, and how it was found
-    (tags for the scoring run). ``ref`` is one of:
+def resolve_model(
+    ref: str, logger_cfg: Mapping[str, Any] | None, option: str = "model"
+) -> tuple[Path, dict[str, str]]:
+    """Where the model named by ``model=`` (messages name ``option``) is, as a local checkpoint
+    file, and how it was found (tags for the scoring run). ``ref`` is one of:
 
     - a checkpoint path (``.ckpt``): returned as it is;
     - ``<registered name>@<alias>`` or ``models:/<name>@<alias>``, or ``<name>/<version>``
@@ -321,12 +335,12 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
     is_registry = text.startswith("models:/") or ("@" in text and "/" not in text)
     if not is_registry and (path.suffix == ".ckpt" or "/" in text or not text.isalnum()):
         raise FileNotFoundError(
-            f"model={text!r}: no such checkpoint file. Pass a checkpoint path, an MLflow run "
+            f"{option}={text!r}: no such checkpoint file. Pass a checkpoint path, an MLflow run "
             "id, or a registered model as <name>@<alias>"
         )
     if not logger_cfg or not logger_cfg.get("enabled", False):
         raise ValueError(
-            f"model={text!r} names an MLflow run or registered model, but tracking is off "
+            f"{option}={text!r} names an MLflow run or registered model, but tracking is off "
             "(logger=none): pass a checkpoint path"
         )
     if is_registry:
@@ -341,13 +355,13 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
                 version = client.get_model_version(name, number)
         except Exception as err:  # MLflow raises its own RestException / MlflowException
             raise ValueError(
-                f"model={text!r}: not found in the MLflow model registry at "
+                f"{option}={text!r}: not found in the MLflow model registry at "
                 f"{tracker.tracking_uri} ({err}). Register one by training with "
                 "logger.registered_model_name=<name> logger.model_alias=<alias>"
             ) from err
         tags = {"model.uri": text, "model.version": str(version.version)}
         if not version.run_id:  # registered from a path, not a run: fetch what it names
-            return _fetch_version_source(tracker, name, version, text), tags
+            return _fetch_version_source(tracker, name, version, text, option), tags
         run_id = version.run_id
     else:
         run_id = text
@@ -356,7 +370,7 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
         run_tracker = Tracker.from_config(logger_cfg, run_id=run_id)
     except Exception as err:  # MLflow's own exception types: the run is not in the store
         raise ValueError(
-            f"model={text!r}: no MLflow run with that id in "
+            f"{option}={text!r}: no MLflow run with that id in "
             f"{os.environ.get('MLFLOW_TRACKING_URI') or logger_cfg.get('tracking_uri')} "
             f"({type(err).__name__}). Pass a checkpoint path, a run id from `mlflow ui`, or a "
             "registered model as <name>@<alias> (a registered name needs its alias)"
@@ -373,7 +387,9 @@ def resolve_model(ref: str, logger_cfg: Mapping[str, Any] | None) -> tuple[Path,
     return path, {**tags, "model.run_id": run_id}
 
 
-def _fetch_version_source(tracker: Tracker, name: str, version, text: str) -> FetchedCheckpoint:
+def _fetch_version_source(
+    tracker: Tracker, name: str, version, text: str, option: str
+) -> FetchedCheckpoint:
     """The checkpoint of a registered version that belongs to no run (registered from a
     path), copied out of its source like a run's (see :func:`resolve_model`)."""
     import tempfile
@@ -389,7 +405,7 @@ def _fetch_version_source(tracker: Tracker, name: str, version, text: str) -> Fe
         candidates = sorted(Path(folder).rglob("*.ckpt"))
         if not candidates:
             raise FileNotFoundError(
-                f"model={text!r}: version {version.version} was registered from {source}, "
+                f"{option}={text!r}: version {version.version} was registered from {source}, "
                 "which holds no recsys checkpoint (*.ckpt): register the model a recsys "
                 "training packaged (logger.registered_model_name=<name>)"
             )

@@ -18,7 +18,6 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from recsys.checkpoint import LoadedModel, load_checkpoint
 from recsys.config import check_required
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.vocab import Vocab
@@ -26,20 +25,11 @@ from recsys.model.popularity import Popularity
 from recsys.model.transition import Transition
 from recsys.tasks import prepare
 from recsys.tasks.train import data_arguments
-from recsys.tracking import Tracker, done_with, resolve_model, use_tracker
+from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import evaluate, pick_device
 from recsys.training.module import SeqRecModule
 
 log = logging.getLogger(__name__)
-
-
-def load_model(ref: str | Path, logger_cfg) -> tuple[LoadedModel, dict[str, str]]:
-    """``ref``: a checkpoint path, an MLflow run id or a registered ``<name>@<alias>`` (see
-    :func:`recsys.tracking.resolve_model`) -> the model and how it was found (run tags)."""
-    path, tags = resolve_model(str(ref), logger_cfg)
-    model = load_checkpoint(path)
-    done_with(path)
-    return model, tags
 
 
 def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:
@@ -95,7 +85,7 @@ def _evaluation_module(
 ) -> SeqRecModule:
     # evaluation only: no optimiser, and no auxiliary training loss (which the baselines,
     # having no attributes, could not take)
-    overrides = {"attribute_loss_weight": 0.0, **overrides}
+    overrides = {"attribute_loss_weight": 0.0, "distillation": None, **overrides}
     return instantiate(cfg.training, _partial_=True)(
         encoder=encoder,
         optimizer=None,

@@ -22,7 +22,7 @@ import polars as pl
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from recsys.checkpoint import LoadedModel, load_checkpoint, model_digest
+from recsys.checkpoint import LoadedModel, model_digest
 from recsys.config import check_required, event_schema, prepare_settings, to_container
 from recsys.data.io import DataError, EventSource
 from recsys.data.pipeline import events_fingerprint, load_events
@@ -33,7 +33,7 @@ from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
 from recsys.schema import ATTRIBUTES, ITEM, SESSION, EventSchema
 from recsys.tasks.prepare import event_source
-from recsys.tracking import Tracker, done_with, resolve_model, use_tracker
+from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import pick_device
 
 log = logging.getLogger(__name__)
@@ -234,12 +234,7 @@ def run(
     check_required(cfg, model_given=checkpoint is not None)
     started = time.perf_counter()
     retrieval = to_container(cfg.retrieval)
-    if checkpoint is not None:
-        path, model_tags = Path(checkpoint), {"model.uri": str(Path(checkpoint).absolute())}
-    else:
-        path, model_tags = resolve_model(str(cfg.model_ref), cfg.logger)
-    model = load_checkpoint(path)
-    done_with(path)
+    model, model_tags = load_model(cfg.model_ref if checkpoint is None else checkpoint, cfg.logger)
     prepare = prepare_settings(cfg.data)
     job = _Job.load(
         model,

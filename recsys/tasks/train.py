@@ -8,9 +8,9 @@ import pickle
 import shutil
 import signal
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from recsys.checkpoint import CHECKPOINT_KEY, checkpoint_extra, write_scoring_checkpoint
+from recsys.checkpoint import (
+    CHECKPOINT_KEY,
+    LoadedModel,
+    checkpoint_extra,
+    write_scoring_checkpoint,
+)
 from recsys.config import check_required, event_schema, to_container
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.options import time_buckets
@@ -31,7 +36,7 @@ from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
-from recsys.tracking import Tracker, flatten, use_tracker
+from recsys.tracking import Tracker, flatten, load_model, use_tracker
 from recsys.training.callbacks import CheckMonitors, TrainingClock
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import same_target_partners
@@ -134,9 +139,97 @@ def check_model_settings(cfg: DictConfig) -> None:
             behaviors=behaviors,
             item_counts=torch.ones(num_items, dtype=torch.long),
             target_shares=known_target_shares({}),
+            # the trial encoder stands in for each teacher (they are loaded with the data)
+            distillation=_distillation(cfg, lambda ref: encoder),
         )
         module.optimizer_factory(params=module.parameters())  # torch's checks (betas, eps)
     check_time_reference(cfg, encoder, module.objective)
+
+
+def _distillation(cfg: DictConfig, load: Callable[[str], torch.nn.Module]) -> dict | None:
+    """``training.distillation`` with each teacher reference loaded by ``load``."""
+    settings = to_container(cfg.training.get("distillation"))
+    if not settings:
+        return None
+    teachers = settings.get("teachers")
+    if isinstance(teachers, str):  # one reference given as a string, not a list
+        teachers = [teachers]
+    if teachers is not None and not isinstance(teachers, list):
+        raise ValueError(
+            f"training.distillation.teachers={teachers!r} must be a list of model references "
+            "(checkpoint paths, MLflow run ids or <name>@<alias>)"
+        )
+    return {**settings, "teachers": [load(str(ref)) for ref in teachers or []]}
+
+
+def reference_model(
+    option: str, ref: str, cfg: DictConfig, datamodule: SeqRecDataModule
+) -> LoadedModel:
+    """The trained model ``ref`` (a checkpoint path, MLflow run id or ``<name>@<alias>``) that
+    ``option`` names, refused unless it was trained on this run's training data (the same
+    vocabulary, training counts included: another split or log gives another) with its window
+    and time buckets, so that it reads this run's batches as it was trained to. (Not the data
+    fingerprint, which also changes with settings that leave every training row as it was.)"""
+    model, _ = load_model(ref, cfg.logger, option)
+    differences = [
+        (what, was, now)
+        for what, was, now in (
+            ("vocabulary", model.vocab.content_hash(), datamodule.vocab.content_hash()),
+            ("data.max_seq_len", model.max_seq_len, datamodule.max_seq_len),
+            ("data.time_buckets", asdict(model.time_buckets), asdict(datamodule.time_buckets)),
+        )
+        if was != now
+    ]
+    if differences:
+        listed = "; ".join(f"{what} {was} (this run {now})" for what, was, now in differences)
+        raise ValueError(
+            f"{option}={ref}: that model was trained on other data or data settings ({listed}): "
+            "name models trained on this run's data and window"
+        )
+    return model
+
+
+# encoder settings that ``init_from`` may change: they shape no weight (dropout) or only the
+# initial weights it replaces
+FREE_WHEN_INITIALISED = frozenset({"dropout", "embedding_std", "init_std", "position_std"})
+
+
+def initialise_from(cfg: DictConfig, encoder: torch.nn.Module, datamodule) -> str | None:
+    """``init_from``: start this training from another model's weights (same data, same model
+    settings but :data:`FREE_WHEN_INITIALISED`; the training settings may differ). A new run
+    with a fresh optimiser, unlike ``resume``. Returns the reference (``None``: not set)."""
+    ref = cfg.get("init_from")
+    if ref is None:
+        return None
+    model = reference_model("init_from", str(ref), cfg, datamodule)
+    source = model.encoder
+    if type(source) is not type(encoder):
+        raise ValueError(
+            f"init_from={ref}: that model is a {type(source).__name__}, this run trains a "
+            f"{type(encoder).__name__}: give a model of the same class"
+        )
+    changed = {
+        key: (value, encoder.config.get(key))
+        for key, value in dict(source.config).items()
+        if key not in FREE_WHEN_INITIALISED and encoder.config.get(key) != value
+    }
+    if changed:
+        raise ValueError(
+            f"init_from={ref}: that model has other settings (it -> this run: "
+            + ", ".join(
+                f"model.{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items())
+            )
+            + "): use the model settings it was trained with"
+        )
+    try:
+        encoder.load_state_dict(source.state_dict())
+    except RuntimeError as err:
+        raise ValueError(
+            f"init_from={ref}: its weights do not fit this run's model ({err}); use the model "
+            "settings it was trained with"
+        ) from err
+    log.info("initialised the model from %s", ref)
+    return str(ref)
 
 
 def check_time_reference(cfg: DictConfig, encoder: torch.nn.Module, objective: str) -> None:
@@ -439,6 +532,12 @@ def check_settings(cfg: DictConfig) -> None:
     callback's ``patience``. (What a monitor names is checked by :class:`CheckMonitors` once
     validation has logged its metrics.)"""
     check_loader(**to_container(cfg.data.loader))
+    if cfg.get("init_from") is not None and cfg.get("resume") is not None:
+        raise ValueError(
+            "init_from and resume are both set: resume continues an interrupted run (weights, "
+            "optimiser, epoch, early stopping); init_from starts a new run from a model's "
+            "weights: keep one"
+        )
     seed = cfg.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed={seed!r} must be a whole number in [0, 2**32 - 1], e.g. seed=0")
@@ -492,9 +591,15 @@ def _run(cfg: DictConfig, tracker: Tracker | None) -> TrainResult:
     datamodule = build_datamodule(cfg, prepared_dir)
     check_weighted_targets(cfg, datamodule)
     encoder = build_encoder(cfg, datamodule)
+    initialised = initialise_from(cfg, encoder, datamodule)
+    distillation = _distillation(
+        cfg,
+        lambda ref: reference_model("training.distillation.teachers", ref, cfg, datamodule).encoder,
+    )
     # a partial, so the (large, plain) checkpoint_extra is not copied into an OmegaConf node
     module = instantiate(cfg.training, _partial_=True)(
         encoder=encoder,
+        distillation=distillation,
         **data_arguments(datamodule.vocab, datamodule.stats),
         checkpoint_extra=checkpoint_extra(
             vocab=datamodule.vocab,
@@ -513,6 +618,8 @@ def _run(cfg: DictConfig, tracker: Tracker | None) -> TrainResult:
         tracker.set_tags(
             {"data.fingerprint": datamodule.stats["fingerprint"], "task": cfg.task_name}
         )
+        if initialised is not None:
+            tracker.set_tags({"train.initialised_from": initialised})
         if resume is not None:
             tracker.set_tags({"train.resumed_from": str(resume)})
             log.info("resuming training from %s", resume)

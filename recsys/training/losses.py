@@ -27,6 +27,14 @@ other than to the other rows' views. Worked example (τ = 1, view a = view b = t
 [1, 0] and [0, 1]): every one of the 4 vectors has its positive at similarity 1 and two
 negatives at 0, so the loss is ``-log(e / (e + 2)) = 0.5514``.
 
+A third, ``distillation``, is Hinton et al.'s (2015) knowledge distillation: the cross-entropy of
+the model's softmax at temperature τ against a teacher's (or an ensemble of teachers')
+distribution at the same temperature, minus that distribution's entropy (so the KL divergence,
+0 when the two agree), times τ² so that its gradients keep their scale as τ changes. Items a
+row leaves out (score -inf in both) carry no term. Worked example (τ = 1, one row, model scores
+[0, 0], teacher log-probabilities [log 0.75, log 0.25]): ``0.75 log(0.75/0.5) + 0.25
+log(0.25/0.5) = 0.1308``.
+
 ``full_softmax`` takes an optional label smoothing ε (Szegedy et al. 2016). Worked example
 (one row, scores [0, ln 2, -inf] with the target the first item, ε = 0.1): p = [1/3, 2/3],
 ``0.9 · log 3 + 0.1 · (log 3 + log 1.5) / 2 = 1.0640``, as torch's own option gives over the
@@ -77,6 +85,22 @@ def full_softmax(
     uniform = -log_p.masked_fill(~finite, 0.0).sum(dim=1) / finite.sum(dim=1)  # (M,)
     per_row = (1.0 - label_smoothing) * nll + label_smoothing * uniform
     return weighted_mean(per_row, weight)
+
+
+def distillation(
+    logits: torch.Tensor,
+    teacher_log_probs: torch.Tensor,
+    temperature: float = 1.0,
+    weight: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``τ² · KL(teacher ‖ softmax(logits / τ))`` per row. Shapes: logits (M, I) raw scores,
+    teacher_log_probs (M, I) the teacher's log-probabilities at temperature τ (-inf: left
+    out, as the logits there must be too)."""
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    teacher = teacher_log_probs.float()
+    kept = torch.isfinite(teacher)
+    terms = torch.where(kept, teacher.exp() * (teacher - log_probs), 0.0)
+    return weighted_mean(terms.sum(-1), weight) * temperature**2
 
 
 def attribute_softmax(

@@ -21,6 +21,11 @@ Training objective (``objective``):
   ``contrastive_positive="same_target"`` the second state is instead that of another training
   row with the same target item, which the data module adds to every batch (DuoRec's
   supervised positive; ``data.loader.train_samples=prefixes``), and the encoder runs once.
+  With ``distillation`` ({teachers, weight, temperature}; full softmax only) each trained
+  position also learns the distribution that trained models of the same catalogue (the
+  teachers, in evaluation mode, their log-probabilities averaged and renormalised) give its
+  next item (``losses.distillation``, Hinton et al.'s knowledge distillation; an ensemble
+  of runs distilled into one model of the same size).
   With ``exclude_seen_from_loss`` (full softmax only) the items of the input at or before each
   trained position are left out of its softmax (:func:`earlier_items`): they are never pushed
   down as negatives, as evaluation with ``seen_items`` exclude or zero never ranks them.
@@ -131,6 +136,7 @@ class SeqRecModule(pl.LightningModule):
         contrastive_weight: float = 0.0,
         contrastive_temperature: float = 1.0,
         contrastive_positive: str = "dropout",
+        distillation: Mapping[str, Any] | None = None,
         seen_items: str = "keep",
         sampled_metrics: Mapping[str, Any] | None = None,
         unknown_targets: str = "skip",
@@ -214,6 +220,15 @@ class SeqRecModule(pl.LightningModule):
             )
         num_items = encoder.num_items
         real_items = num_items - NUM_RESERVED
+        teachers, distill_weight, distill_temperature = _distillation_settings(
+            distillation, num_items
+        )
+        if teachers and (loss != "full_softmax" or objective != "retrieval"):
+            raise ValueError(
+                "training.distillation matches the teachers' softmax over the catalogue: it "
+                f"needs training.loss=full_softmax and objective=retrieval (got {loss!r}, "
+                f"{objective!r}), or set it to null"
+            )
         sampled = loss != "full_softmax" or objective == "target_attention"
         if sampled and (
             not isinstance(num_negatives, int) or not 1 <= num_negatives <= real_items - 1
@@ -246,6 +261,10 @@ class SeqRecModule(pl.LightningModule):
         self.contrastive_weight = contrastive_weight
         self.contrastive_temperature = float(contrastive_temperature)
         self.partners = same_target_partners(contrastive_weight, contrastive_positive)
+        # a plain list, so the teachers are neither trained, averaged nor saved with the model
+        self._teachers: list[nn.Module] = [t.eval().requires_grad_(False) for t in teachers]
+        self.distill_weight = distill_weight
+        self.distill_temperature = distill_temperature
         self.seen_items = seen_items
         self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
         # per split, the factor that turns means over the ranked targets into means over all
@@ -275,6 +294,15 @@ class SeqRecModule(pl.LightningModule):
                 "contrastive_weight": contrastive_weight,
                 "contrastive_temperature": contrastive_temperature,
                 "contrastive_positive": contrastive_positive,
+                "distillation": (
+                    {
+                        "teachers": len(teachers),
+                        "weight": distill_weight,
+                        "temperature": distill_temperature,
+                    }
+                    if teachers
+                    else None
+                ),
                 "seen_items": seen_items,
                 "sampled_metrics": dict(sampled_metrics or {}),
                 "unknown_targets": unknown_targets,
@@ -392,6 +420,7 @@ class SeqRecModule(pl.LightningModule):
         auxiliary = (
             ("attribute_loss", self.attribute_loss_weight, self._attribute_loss),
             ("contrastive_loss", self.contrastive_weight, self._contrastive_loss),
+            ("distillation_loss", self.distill_weight, self._distillation_loss),
         )
         for name, weight, compute in auxiliary:
             if weight > 0:
@@ -444,6 +473,38 @@ class SeqRecModule(pl.LightningModule):
             output.hidden[half:, -1][rows],
             self.contrastive_temperature,
             labels=batch.target_item[:half, -1][rows],
+        )
+
+    def on_fit_start(self) -> None:
+        for teacher in self._teachers:
+            teacher.to(self.device)
+
+    def _distillation_loss(self, output, batch: SeqBatch, trained: torch.Tensor) -> torch.Tensor:
+        """``losses.distillation`` of the trained positions against the teachers' averaged
+        log-probabilities (a product of experts, renormalised), both over the same items (with
+        ``exclude_seen_from_loss`` each position's earlier items are left out of both)."""
+        earlier = earlier_items(batch, trained) if self.exclude_seen_from_loss else None
+        temperature = self.distill_temperature
+
+        def scores(encoder: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+            logits = encoder.score_items(hidden[trained]).float()
+            if earlier is not None:
+                logits = exclude_items(logits, earlier)
+            return logits
+
+        with torch.no_grad():
+            teacher = torch.stack(
+                [
+                    torch.log_softmax(scores(t, t(*batch.model_inputs()).hidden) / temperature, -1)
+                    for t in self._teachers
+                ]
+            ).mean(0)
+            teacher = torch.log_softmax(teacher, -1)
+        return losses.distillation(
+            scores(self.encoder, output.hidden),
+            teacher,
+            temperature,
+            self._target_weight(batch.target_behavior[trained]),
         )
 
     def _rerank_loss(self, output, batch: SeqBatch) -> torch.Tensor:
@@ -647,6 +708,59 @@ def _check_weight(option: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ValueError(f"training.{option}={value!r} must be a number >= 0 (0: off)")
     return float(value)
+
+
+DISTILLATION_KEYS = ("teachers", "weight", "temperature")
+
+
+def _distillation_settings(
+    settings: Mapping[str, Any] | None, num_items: int
+) -> tuple[list[nn.Module], float, float]:
+    """``training.distillation`` -> (teacher encoders, weight, temperature); no teachers: off.
+    The teachers arrive as encoders (``recsys.tasks.train`` loads the model references the
+    config names)."""
+    if not settings:
+        return [], 0.0, 1.0
+    unknown = sorted(set(settings) - set(DISTILLATION_KEYS))
+    if unknown:
+        raise ValueError(
+            f"training.distillation has unknown keys {unknown}: use {list(DISTILLATION_KEYS)}"
+        )
+    teachers = list(settings.get("teachers") or [])
+    if not teachers:
+        raise ValueError(
+            "training.distillation.teachers is empty: name the trained models to learn from "
+            "(checkpoint paths, MLflow run ids or <name>@<alias>), or set "
+            "training.distillation=null"
+        )
+    if not all(isinstance(t, nn.Module) for t in teachers):
+        raise ValueError(
+            "training.distillation.teachers must be loaded encoders here: recsys.tasks.train "
+            "(pipelines.train, pipelines.run) loads the references the config names"
+        )
+    for teacher in teachers:
+        if teacher.num_items != num_items:
+            raise ValueError(
+                f"a training.distillation teacher scores {teacher.num_items} items, this model "
+                f"{num_items}: teachers must be trained on the same prepared data"
+            )
+    weight = _check_weight("distillation.weight", settings.get("weight", 1.0))
+    if weight == 0:
+        raise ValueError(
+            "training.distillation.weight=0 distils nothing: give a weight > 0 (1.0: as much "
+            "as the main loss), or set training.distillation=null"
+        )
+    temperature = settings.get("temperature", 1.0)
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not (0 < temperature < math.inf)
+    ):
+        raise ValueError(
+            f"training.distillation.temperature={temperature!r} must be a number > 0 (1.0: "
+            "the teachers' own distribution)"
+        )
+    return teachers, weight, float(temperature)
 
 
 def _check_optimizer(optimizer: object) -> None:

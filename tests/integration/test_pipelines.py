@@ -822,6 +822,69 @@ def test_same_target_contrastive_loss_trains_through_the_real_tasks(make_config,
         train.run(bad)
 
 
+def test_a_training_starts_from_a_models_weights_and_distils_trained_teachers(
+    make_config, tmp_path
+):
+    """init_from and training.distillation through the real training task: the student starts
+    from the teacher's weights (a learning rate too small to move them keeps them), learns from
+    the teachers, saves none of them, and refuses teachers of other data before it trains."""
+    import torch
+
+    base = [*TINY, "logger=none", "trainer.max_epochs=1"]
+    teacher = train.run(make_config("config", [*base, f"paths.run_dir={tmp_path / 'teacher'}"]))
+    ref = str(teacher.checkpoint)
+    student_overrides = [
+        *base,
+        f"paths.run_dir={tmp_path / 'student'}",
+        f"init_from={ref}",
+        f"training.distillation={{teachers: [{ref}, {ref}], weight: 0.5, temperature: 2.0}}",
+        "training.optimizer.lr=1e-12",
+        "model.dropout=0.3",  # may differ: not a weight
+    ]
+    student = train.run(make_config("config", student_overrides))
+
+    def weights(path):
+        state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+        return {k: v for k, v in state.items() if k.startswith("encoder.")}, state
+
+    taught, state = weights(student.checkpoint)
+    start, _ = weights(teacher.checkpoint)
+    assert set(state) == set(taught)  # the teachers are not saved with the student
+    assert taught.keys() == start.keys()
+    for key in start:
+        torch.testing.assert_close(taught[key], start[key], atol=1e-6, rtol=0)
+    hyper = torch.load(student.checkpoint, map_location="cpu", weights_only=False)
+    assert hyper["hyper_parameters"]["distillation"] == {
+        "teachers": 2,
+        "weight": 0.5,
+        "temperature": 2.0,
+    }
+    # a teacher of other data (another catalogue) is refused, naming the option and why
+    other = make_config(
+        "config",
+        [
+            *base,
+            "data.source.num_items=100",
+            f"paths.run_dir={tmp_path / 'other'}",
+            f"training.distillation={{teachers: [{ref}]}}",
+        ],
+    )
+    with pytest.raises(ValueError, match=r"training.distillation.teachers=.*vocabulary"):
+        train.run(other)
+    both = make_config(
+        "config", [*base, f"paths.run_dir={tmp_path / 'both'}", f"init_from={ref}", "resume=last"]
+    )
+    with pytest.raises(ValueError, match=r"init_from and resume are both set"):
+        train.run(both)
+    assert not (tmp_path / "both").exists()  # refused before any work
+    wider = make_config(
+        "config",
+        [*base, f"paths.run_dir={tmp_path / 'wider'}", f"init_from={ref}", "model.causal=false"],
+    )
+    with pytest.raises(ValueError, match=r"init_from=.*model.causal True -> False"):
+        train.run(wider)
+
+
 def test_cli_overrides_and_multirun_sweep(tmp_path):
     """The README's command-line forms: overrides and a -m sweep over num_heads."""
     out = tmp_path / "outputs"

@@ -45,6 +45,31 @@ def test_full_softmax_label_smoothing_matches_the_worked_example():
     )
 
 
+def test_distillation_matches_the_worked_example():
+    teacher = torch.tensor([[math.log(0.75), math.log(0.25)]])
+    value = losses.distillation(torch.zeros(1, 2), teacher)
+    assert value.item() == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), abs=1e-6)
+    assert value.item() == pytest.approx(0.1308, abs=1e-4)
+    # the same distributions give 0; τ scales the logits and multiplies the result by τ²
+    same = torch.log_softmax(torch.tensor([[1.0, 2.0, 0.5]]), -1)
+    assert losses.distillation(torch.tensor([[1.0, 2.0, 0.5]]), same).item() == pytest.approx(0)
+    hot = losses.distillation(torch.zeros(1, 2) * 2.0, teacher, temperature=2.0)
+    assert hot.item() == pytest.approx(4 * value.item(), abs=1e-6)
+
+
+def test_distillation_leaves_out_items_both_exclude_and_weighs_rows():
+    teacher = torch.tensor([[math.log(0.75), math.log(0.25), -math.inf]])
+    logits = torch.tensor([[0.0, 0.0, -math.inf]])
+    value = losses.distillation(logits, teacher)
+    assert torch.isfinite(value) and value.item() == pytest.approx(0.1308, abs=1e-4)
+    rows = torch.cat([teacher, torch.log_softmax(torch.zeros(1, 3), -1)])  # row 2: KL 0
+    both = losses.distillation(torch.zeros(2, 3), rows, weight=torch.tensor([1.0, 3.0]))
+    first = losses.distillation(torch.zeros(1, 3), rows[:1])
+    assert both.item() == pytest.approx(first.item() / 4, abs=1e-6)
+    # no row at all: 0, not NaN
+    assert losses.distillation(torch.zeros(0, 3), torch.zeros(0, 3)).item() == 0
+
+
 def test_info_nce_matches_the_worked_example():
     rows = torch.eye(2)  # [1, 0] and [0, 1], both views the same
     expected = -math.log(math.e / (math.e + 2))  # positive at 1, two negatives at 0

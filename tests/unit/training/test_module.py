@@ -3,6 +3,7 @@ hand-made batch, and the evaluation helpers against brute-force references."""
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from functools import partial
@@ -17,7 +18,7 @@ from recsys.model import ATRank
 from recsys.model.layers import never_recommended
 from recsys.model.outputs import EncoderOutput
 from recsys.model.sasrec import SASRec
-from recsys.retrieval.ranker import apply_seen_policy, seen_mask
+from recsys.retrieval.ranker import apply_seen_policy, exclude_items, seen_mask
 from recsys.training import losses
 from recsys.training.evaluation import evaluate, pick_device
 from recsys.training.metrics import (
@@ -33,8 +34,8 @@ NUM_ITEMS = 30
 BEHAVIORS = ["view", "cart", "purchase"]  # indices 2, 3, 4
 
 
-def encoder(causal: bool = True, **overrides) -> ATRank:
-    torch.manual_seed(0)
+def encoder(causal: bool = True, seed_shift: int = 0, **overrides) -> ATRank:
+    torch.manual_seed(seed_shift)
     settings = dict(
         num_items=NUM_ITEMS,
         num_attributes=5,
@@ -344,6 +345,41 @@ def test_same_target_contrastive_loss_pairs_each_row_with_its_partner_row():
     assert not module(enc, contrastive_weight=0.2).partners
 
 
+@pytest.mark.parametrize("exclude_seen", [False, True])
+def test_distillation_adds_the_kl_to_the_teachers_averaged_distribution(exclude_seen):
+    student, first, second = encoder(), encoder(seed_shift=1), encoder(seed_shift=2)
+    settings = {"teachers": [first, second], "weight": 0.5, "temperature": 2.0}
+    m = module(student, distillation=settings, exclude_seen_from_loss=exclude_seen)
+    b = batch()
+    trained = m._trained_positions(b)
+    earlier = earlier_items(b, trained)
+
+    def logits(enc):
+        scores = enc.score_items(enc(*b.model_inputs()).hidden[trained])
+        return exclude_items(scores, earlier) if exclude_seen else scores
+
+    with torch.no_grad():
+        teacher = torch.stack([torch.log_softmax(logits(t) / 2.0, -1) for t in (first, second)])
+        teacher = torch.log_softmax(teacher.mean(0), -1)
+    student_logits = logits(student)
+    ce = torch.nn.functional.cross_entropy(student_logits, b.target_item[trained])
+    kd = losses.distillation(student_logits, teacher, 2.0)
+    assert kd > 0
+    loss = train_loss(m, b)
+    torch.testing.assert_close(loss, ce + 0.5 * kd)
+    # the teachers learn nothing and are not part of the model that is saved
+    loss.backward()
+    assert all(p.grad is None for t in (first, second) for p in t.parameters())
+    assert not any(p.requires_grad for t in (first, second) for p in t.parameters())
+    assert set(m.state_dict()) == set(module(encoder()).state_dict())
+    # a teacher identical to the student (no dropout) teaches nothing new: KL 0
+    twin = module(student, distillation={"teachers": [copy.deepcopy(student)]})
+    twin_ce = torch.nn.functional.cross_entropy(
+        student.score_items(student(*b.model_inputs()).hidden[trained]), b.target_item[trained]
+    )
+    torch.testing.assert_close(train_loss(twin, b), twin_ce)
+
+
 def test_non_causal_encoder_trains_its_last_position_only():
     m, b = module(encoder(causal=False)), batch()
     output = m(b)
@@ -390,6 +426,23 @@ def test_non_causal_encoder_trains_its_last_position_only():
         (
             {"attribute_loss_weight": 1.0, "objective": "target_attention", "loss": "bce"},
             "needs objective=retrieval",
+        ),
+        ({"distillation": {"teachers": []}}, "distillation.teachers is empty"),
+        ({"distillation": {"teacher": [encoder()]}}, "distillation has unknown keys ['teacher']"),
+        ({"distillation": {"teachers": ["best.ckpt"]}}, "must be loaded encoders here"),
+        (
+            {"distillation": {"teachers": [encoder(num_items=NUM_ITEMS + 1)]}},
+            "teacher scores 31 items, this model 30",
+        ),
+        ({"distillation": {"teachers": [encoder()], "weight": 0}}, "distillation.weight=0"),
+        ({"distillation": {"teachers": [encoder()], "weight": -1}}, "distillation.weight=-1"),
+        (
+            {"distillation": {"teachers": [encoder()], "temperature": 0}},
+            "distillation.temperature=0",
+        ),
+        (
+            {"distillation": {"teachers": [encoder()]}, "loss": "bce", "num_negatives": 1},
+            "distillation matches the teachers' softmax",
         ),
     ],
 )
