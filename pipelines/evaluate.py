@@ -14,7 +14,8 @@ from recsys.tasks import evaluate
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def entry(cfg: DictConfig):
-    return evaluate.run(cfg)
+    with recsys.config.failure_logged(cfg):
+        return evaluate.run(cfg)
 
 
 if __name__ == "__main__":

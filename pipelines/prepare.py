@@ -12,7 +12,8 @@ from recsys.tasks import prepare
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def entry(cfg: DictConfig):
-    return prepare.run(cfg)
+    with recsys.config.failure_logged(cfg):
+        return prepare.run(cfg)
 
 
 if __name__ == "__main__":

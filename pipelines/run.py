@@ -12,7 +12,8 @@ from recsys.tasks import evaluate, main
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def entry(cfg: DictConfig) -> float:
-    result = main.run(cfg)
+    with recsys.config.failure_logged(cfg):
+        result = main.run(cfg)
     print(f"recommendations: {result.recommendations}")
     print(f"checkpoint:      {result.checkpoint}")
     print(f"tracking:        {result.run}")

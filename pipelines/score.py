@@ -14,7 +14,8 @@ from recsys.tasks import score
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="score")
 def entry(cfg: DictConfig):
-    return score.run(cfg)
+    with recsys.config.failure_logged(cfg):
+        return score.run(cfg)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from recsys.tasks import train
 def entry(cfg: DictConfig):
     if cfg.task_name == "main":  # the main job's config, run as this pipeline (MLflow run
         cfg.task_name = "train"  # name, tag), unless task_name=... names the runs otherwise
-    return train.run(cfg)
+    with recsys.config.failure_logged(cfg):
+        return train.run(cfg)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ lives in one place.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -51,6 +53,21 @@ REQUIRED = {
     "data.source.path": "data.source.path=<the dataset's file> (the event log)",
     "data.items.path": "data.items.path=<the item table's file>",
 }
+
+
+@contextmanager
+def failure_logged(cfg: DictConfig) -> Iterator[None]:
+    """Around a pipeline's work: log why it failed, as its last log line. Hydra prints the
+    traceback to stderr only, so the run folder's log (``run.log``), which a scheduled job's
+    owner reads the morning after, would otherwise end mid-job without a word of the
+    failure."""
+    try:
+        yield
+    except BaseException as err:  # SystemExit too: a training killed by SIGTERM exits 143
+        logging.getLogger("pipelines").error(
+            "%s job failed: %s: %s", cfg.get("task_name", "the"), type(err).__name__, err
+        )
+        raise
 
 
 def check_required(cfg: DictConfig, *, model_given: bool = False) -> None:

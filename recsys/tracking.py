@@ -21,6 +21,11 @@ from typing import Any
 
 from recsys.checkpoint import LoadedModel, load_checkpoint
 
+try:
+    import fcntl
+except ImportError:  # (Windows: no advisory locks; see store_lock)
+    fcntl = None
+
 log = logging.getLogger(__name__)
 
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
@@ -76,21 +81,25 @@ class Tracker:
             Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(
                 parents=True, exist_ok=True
             )
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        if continue_run_id:
-            run_id = self._reopen(continue_run_id)
-        if run_id:
-            info = self.client.get_run(run_id).info
-            self.run_id, self.experiment_id = info.run_id, info.experiment_id
-        elif not open_run:  # a client only (registry look-ups)
-            return
-        else:
-            experiment = self.client.get_experiment_by_name(experiment_name)
-            self.experiment_id = (
-                experiment.experiment_id
-                if experiment is not None
-                else self.client.create_experiment(experiment_name, artifact_location=artifact_root)
-            )
+        with store_lock(self.tracking_uri):  # jobs starting together on a new store
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)  # creates its tables
+            if continue_run_id:
+                run_id = self._reopen(continue_run_id)
+            if run_id:
+                info = self.client.get_run(run_id).info
+                self.run_id, self.experiment_id = info.run_id, info.experiment_id
+            elif not open_run:  # a client only (registry look-ups)
+                return
+            else:
+                experiment = self.client.get_experiment_by_name(experiment_name)
+                self.experiment_id = (
+                    experiment.experiment_id
+                    if experiment is not None
+                    else self.client.create_experiment(
+                        experiment_name, artifact_location=artifact_root
+                    )
+                )
+        if not run_id:
             run = self.client.create_run(
                 self.experiment_id, run_name=run_name, tags=dict(tags or {})
             )
@@ -182,17 +191,10 @@ class Tracker:
             raise ValueError("tracking is off (logger=none): pass a checkpoint path instead")
         return Path(self.client.download_artifacts(self.run_id, artifact_path, str(dst)))
 
-    def log_model(
-        self,
-        checkpoint: str | Path,
-        *,
-        registered_model_name: str | None = None,
-        alias: str | None = None,
-    ) -> str | None:
+    def log_model(self, checkpoint: str | Path) -> str | None:
         """Package ``checkpoint`` (a scoring checkpoint: weights, encoder arguments,
-        vocabularies, data schema, time buckets) as the MLflow model ``model/`` of this run;
-        with ``registered_model_name``, register it as a new version (and point ``alias`` at
-        it). Returns the model URI."""
+        vocabularies, data schema, time buckets) as the MLflow model ``model/`` of this run
+        (:meth:`register_model` registers it). Returns the model URI."""
         if not self.enabled:
             return None
         import tempfile
@@ -219,28 +221,35 @@ class Tracker:
                 signature=ModelSignature(inputs=None, outputs=None, params=params),
             )
             self.log_artifact(folder, MODEL_ARTIFACT)
-        uri = f"runs:/{self.run_id}/{MODEL_ARTIFACT}"
-        if registered_model_name:
-            from mlflow.exceptions import MlflowException
+        return f"runs:/{self.run_id}/{MODEL_ARTIFACT}"
 
-            with contextlib.suppress(MlflowException):  # already registered: add a version
-                self.client.create_registered_model(registered_model_name)
-            source = f"{self.client.get_run(self.run_id).info.artifact_uri}/{MODEL_ARTIFACT}"
-            version = self.client.create_model_version(
-                registered_model_name, source, run_id=self.run_id
-            )
-            if alias:
-                self.client.set_registered_model_alias(
-                    registered_model_name, alias, version.version
-                )
-            log.info(
-                "registered %s version %s%s",
-                registered_model_name,
-                version.version,
-                f" as @{alias}" if alias else "",
-            )
-            uri = f"models:/{registered_model_name}/{version.version}"
-        return uri
+    def register_model(self, registered_model_name: str | None, *, alias: str | None = None):
+        """Register this run's packaged model (``model/``, see :meth:`log_model`) as a new
+        version of ``registered_model_name`` and point ``alias`` at it; returns the model URI
+        (``runs:/<run>/model`` without a name). The main job calls this only once its
+        evaluation and scoring have succeeded, so a failed night never moves an alias."""
+        if not self.enabled:
+            return None
+        uri = f"runs:/{self.run_id}/{MODEL_ARTIFACT}"
+        if not registered_model_name:
+            return uri
+        from mlflow.exceptions import MlflowException
+
+        with contextlib.suppress(MlflowException):  # already registered: add a version
+            self.client.create_registered_model(registered_model_name)
+        source = f"{self.client.get_run(self.run_id).info.artifact_uri}/{MODEL_ARTIFACT}"
+        version = self.client.create_model_version(
+            registered_model_name, source, run_id=self.run_id
+        )
+        if alias:
+            self.client.set_registered_model_alias(registered_model_name, alias, version.version)
+        log.info(
+            "registered %s version %s%s",
+            registered_model_name,
+            version.version,
+            f" as @{alias}" if alias else "",
+        )
+        return f"models:/{registered_model_name}/{version.version}"
 
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:
@@ -267,6 +276,24 @@ def model_requirements() -> list[str]:
     except PackageNotFoundError:
         declared = []
     return [r for r in declared if "extra ==" not in r]
+
+
+@contextmanager
+def store_lock(tracking_uri: str):
+    """Hold ``<db>.lock`` beside a sqlite store (an advisory ``flock``, released however the
+    block ends; not on Windows) while a job opens the store and finds or creates its
+    experiment: two jobs starting together on a new store (two nights' jobs, a sweep) would
+    otherwise both create its tables or the experiment, and one fails ("table ... already
+    exists", "experiment ... already exists"). Other stores: nothing held."""
+    if fcntl is None or not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    fd = os.open(tracking_uri.removeprefix("sqlite:///") + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another job opens the store
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
 
 
 @contextmanager

@@ -74,29 +74,38 @@ def check_formats(formats) -> list[str]:
     return formats
 
 
+def check_output_path(path: str | Path) -> Path:
+    """Refuse a ``retrieval.output.path`` that holds something other than a scoring output
+    (no ``_manifest.json``: a run folder, a file, another job's data), which no scoring job
+    writes into or replaces, even with ``retrieval.output.overwrite=true``. Needs no model, so
+    the main job checks it before it trains. Returns the absolute path."""
+    path = Path(path).expanduser().absolute()
+    # an empty folder (made ahead for the job) holds nothing to lose: written into as if absent
+    if path.exists() and not _is_empty_folder(path) and PartitionedOutput._key_of(path) is None:
+        raise FileExistsError(
+            f"{path} exists and is not a scoring output (no {MANIFEST}): "
+            "retrieval.output.overwrite=true replaces only an earlier scoring job's "
+            "output, so nothing there is deleted; choose another retrieval.output.path"
+        )
+    return path
+
+
 class PartitionedOutput:
     def __init__(self, path: str | Path, *, formats, job: dict, overwrite: bool = False):
         formats = check_formats(formats)
         self.formats = formats
-        self.path = Path(path).expanduser().absolute()
+        # overwrite replaces (deletes) an earlier scoring output only, never a run folder,
+        # the checkpoints or anything else that happens to be at the path
+        self.path = check_output_path(path)
         self.staging = self.path.parent / f".{self.path.name}.partial"
         self.key = job_key(job)
         self.job = job
         self.complete = False
-        # an empty folder (made ahead for the job) holds nothing to lose: written into as if absent
         if self.path.exists() and not _is_empty_folder(self.path):
             if self._key_of(self.path) == self.key:
                 log.info("%s already holds this job's complete output: nothing to do", self.path)
                 self.complete = True
                 return
-            if self._key_of(self.path) is None:
-                # overwrite replaces (deletes) an earlier scoring output only, never a run
-                # folder, the checkpoints or anything else that happens to be at the path
-                raise FileExistsError(
-                    f"{self.path} exists and is not a scoring output (no {MANIFEST}): "
-                    "retrieval.output.overwrite=true replaces only an earlier scoring job's "
-                    "output, so nothing there is deleted; choose another retrieval.output.path"
-                )
             if not overwrite:
                 raise FileExistsError(
                     f"{self.path} exists and holds another scoring job's output: choose another "

@@ -105,7 +105,8 @@ def run(
 ) -> dict[str, float]:
     check_required(cfg, model_given=checkpoint is not None)
     check_loader(eval_batch_size=cfg.data.loader.eval_batch_size)  # before the data is prepared
-    model, model_tags = load_model(checkpoint or cfg.model_ref, cfg.logger)
+    ref = checkpoint or cfg.model_ref
+    model, model_tags = load_model(ref, cfg.logger)
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,
@@ -121,9 +122,15 @@ def run(
             datamodule.stats["time_buckets"],
         )
     if datamodule.vocab.content_hash() != model.vocab.content_hash():
+        # named as the user gave it: a model fetched from MLflow sits in a temporary copy
         raise ValueError(
-            f"{prepared_dir} was prepared with another vocabulary than checkpoint {model.path} "
-            "(different data or data settings): evaluate on the data the model was trained on"
+            f"{prepared_dir} was prepared with another vocabulary than model={ref} "
+            f"(different data or data settings: this data's fingerprint "
+            f"{datamodule.stats['fingerprint']}, the model's {model.data_fingerprint}): a model "
+            "is evaluated on the data it was trained on (its own test window), so a model "
+            "trained on an earlier log cannot be evaluated on a newer one; compare models of "
+            "different logs by their training runs' test/* against the baselines measured "
+            'beside them (README "Scheduled retraining")'
         )
     device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
     datamodule.setup()

@@ -37,11 +37,14 @@ def _run(cfg: DictConfig) -> MainResult:
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
     with use_tracker(None, cfg.logger, **run_settings) as tracker:
-        trained = train.run(cfg, tracker=tracker)
+        # registered last: a job that fails in evaluation or scoring registers no version and
+        # moves no alias (downstream scoring with <name>@<alias> keeps the previous model)
+        trained = train.run(cfg, tracker=tracker, register=False)
         metrics = evaluate.run(
             cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, tracker=tracker
         )
         recommendations = score.run(cfg, trained.checkpoint, tracker=tracker)
+        train.register_model(cfg, tracker)
     return MainResult(
         checkpoint=trained.checkpoint,
         recommendations=recommendations,

@@ -27,7 +27,7 @@ from recsys.config import check_required, event_schema, prepare_settings, to_con
 from recsys.data.io import DataError, EventSource
 from recsys.data.pipeline import events_fingerprint, load_events
 from recsys.data.validate import BadRowPolicy, parse_instant
-from recsys.retrieval.output import PartitionedOutput, check_formats
+from recsys.retrieval.output import PartitionedOutput, check_formats, check_output_path
 from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
 from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
@@ -51,7 +51,8 @@ def check_options(
     """``conf/retrieval`` -> (:class:`ScoringOptions`, :class:`Rules`): unknown keys, values
     out of range, rules naming behaviours outside ``behaviors`` or a target behaviour outside
     ``trained`` (the behaviours the model learns to predict), list files that do not exist,
-    output formats, ``as_of`` and the accelerator are refused. Needs no model, so the main job
+    output formats, an output path holding something other than a scoring output,
+    ``as_of`` and the accelerator are refused. Needs no model, so the main job
     checks before it trains."""
     retrieval = dict(to_container(retrieval) or {})
     known = set(ScoringOptions.__dataclass_fields__) | set(NOT_SCORING_OPTIONS)
@@ -68,7 +69,10 @@ def check_options(
             f"{list(trained)}: score with a model trained for {target!r} "
             f"(training.behavior_weights={{{target}: 1}}) or drop the rule"
         )
-    check_formats((retrieval.get("output") or {}).get("formats", ["parquet"]))
+    output = retrieval.get("output") or {}
+    check_formats(output.get("formats", ["parquet"]))
+    if output.get("path"):
+        check_output_path(output["path"])
     parse_instant(retrieval.get("as_of"), option="retrieval.as_of")
     pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
     return options, rules

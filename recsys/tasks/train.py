@@ -576,13 +576,27 @@ def check_settings(cfg: DictConfig) -> None:
             )
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None) -> TrainResult:
+def register_model(cfg: DictConfig, tracker: Tracker) -> str | None:
+    """Register the run's packaged model as ``logger.registered_model_name`` (a new version)
+    and point ``logger.model_alias`` at it; nothing without a name. Called as the last step of
+    a job that succeeded (training alone, or the main job after evaluating and scoring), so a
+    version or an alias never names the model of a failed job."""
+    logger = cfg.logger or {}
+    return tracker.register_model(
+        logger.get("registered_model_name"), alias=logger.get("model_alias")
+    )
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None, *, register: bool = True) -> TrainResult:
+    """Train; with ``register`` (default) the packaged model is registered at the end (see
+    :func:`register_model`). The main job passes ``register=False`` and registers after its
+    evaluation and scoring."""
     check_required(cfg)  # before the run folder is held (created)
     with hold_run_folder(cfg):
-        return _run(cfg, tracker)
+        return _run(cfg, tracker, register)
 
 
-def _run(cfg: DictConfig, tracker: Tracker | None) -> TrainResult:
+def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> TrainResult:
     check_run_folder(cfg)
     check_settings(cfg)
     check_model_settings(cfg)
@@ -649,17 +663,15 @@ def _run(cfg: DictConfig, tracker: Tracker | None) -> TrainResult:
         best = Path(checkpoint_cb.best_model_path)
         tracker.log_artifact(best, "checkpoints")
         scoring = write_scoring_checkpoint(best, best.parent / "scoring" / "model.ckpt")
-        tracker.log_model(
-            scoring,
-            registered_model_name=(cfg.logger or {}).get("registered_model_name"),
-            alias=(cfg.logger or {}).get("model_alias"),
-        )
+        tracker.log_model(scoring)
         best_score = checkpoint_cb.best_model_score
         # named after what selected it: best/val_ndcg_at_10 by default, best/val_mrr, ...
         best_name = "best/" + str(checkpoint_cb.monitor).replace("/", "_")
         best_val = {} if best_score is None else {best_name: float(best_score)}
         tracker.log_metrics(best_val)
         log.info("best checkpoint %s (%s)", best, best_val)
+        if register:  # (the main job registers once it has evaluated and scored the model)
+            register_model(cfg, tracker)
     clock = next((c for c in callbacks.values() if isinstance(c, TrainingClock)), None)
     return TrainResult(
         checkpoint=best,

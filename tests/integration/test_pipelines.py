@@ -351,6 +351,28 @@ def test_evaluate_reproduces_test_metrics(main_run, make_config):
     assert evaluate.run(other)["test/ndcg_at_10"] == pytest.approx(metrics["test/ndcg_at_10"])
 
 
+def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, make_config):
+    """A champion trained on last night's log, evaluated on tonight's (another vocabulary), is
+    refused naming model=<ref> as the user gave it and both fingerprints, not the temporary
+    copy fetched out of MLflow (gone by the time the message is read)."""
+    cfg, result = main_run
+    run_id = result.run.split()[2]
+    other = make_config(
+        "evaluate",
+        [
+            f"model_ref={run_id}",
+            f"logger.tracking_uri={cfg.logger.tracking_uri}",
+            *TINY_DATA,
+            "data.source.seed=5",  # another log: other items in training
+            "training.rerank_top_n=20",
+        ],
+    )
+    with pytest.raises(ValueError, match=rf"another vocabulary than model={run_id} ") as info:
+        evaluate.run(other)
+    assert "recsys-model-" not in str(info.value)
+    assert "Scheduled retraining" in str(info.value)
+
+
 def written(folder: Path) -> list[Path]:
     """Files under ``folder`` (empty parent folders of the run directory do not count: see
     tests/unit/data/test_pipeline.py::test_failed_prepare_leaves_no_parent_folders)."""
@@ -474,6 +496,52 @@ def test_main_job_checks_its_scoring_settings_before_it_trains(
     cfg = make_config("config", [*TINY, "logger=none", override])
     with pytest.raises(error, match=message):
         main.run(cfg)
+
+
+def test_main_job_refuses_an_output_path_it_may_not_write_before_it_trains(
+    make_config, monkeypatch, tmp_path
+):
+    """retrieval.output.path at a folder that is not a scoring output (a downstream team's
+    folder) is refused whatever the model; the main job finds it before it trains, not after
+    an hour of training."""
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before the output path was checked")
+
+    downstream = tmp_path / "downstream"
+    downstream.mkdir()
+    (downstream / "readme.txt").write_text("not a scoring output")
+    monkeypatch.setattr(train, "run", no_training)
+    cfg = make_config("config", [*TINY, "logger=none", f"retrieval.output.path={downstream}"])
+    with pytest.raises(FileExistsError, match="is not a scoring output"):
+        main.run(cfg)
+    assert [p.name for p in downstream.iterdir()] == ["readme.txt"]
+
+
+def test_a_main_job_that_fails_after_training_registers_no_version_and_moves_no_alias(
+    make_config, monkeypatch
+):
+    """A nightly main job with logger.registered_model_name / model_alias whose evaluation or
+    scoring fails exits with an error and leaves the registry as it was: no new version, the
+    alias where it pointed (downstream scoring with <name>@<alias> keeps the last good
+    model). Before, training registered the version and moved the alias before evaluating."""
+    cfg = make_config(
+        "config",
+        [*TINY, "trainer.max_epochs=1", "logger.registered_model_name=m", "logger.model_alias=a"],
+    )
+
+    def scoring_fails(*args, **kwargs):
+        raise RuntimeError("scoring failed")
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(score, "run", scoring_fails)
+    with pytest.raises(RuntimeError, match="scoring failed"):
+        main.run(cfg)
+    client = MlflowClient(tracking_uri=cfg.logger.tracking_uri)
+    assert client.search_model_versions("name='m'") == []
+    (failed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert failed.info.status == "FAILED"
+    assert "model/MLmodel" in {f.path for f in client.list_artifacts(failed.info.run_id, "model")}
 
 
 @pytest.mark.parametrize(
@@ -906,6 +974,28 @@ def test_cli_overrides_and_multirun_sweep(tmp_path):
     checkpoints = sorted(out.glob("multiruns/*/*/checkpoints/best.ckpt"))
     assert len(checkpoints) == 2
     assert not (out / "mlflow.db").exists()  # logger=none tracks nothing
+
+
+def test_a_failed_pipeline_exits_non_zero_and_says_why_in_its_run_log(tmp_path):
+    """A scheduled job's owner reads the run folder's job log (run.log, prepare.log, ...) the
+    morning after: it ends with the failure (which task, the error and its message naming the
+    file), not mid-job; Hydra alone prints the traceback to stderr only."""
+    run_dir = tmp_path / "night"
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.prepare",
+        "data=events_file",
+        f"data.source={tmp_path / 'missing.parquet'}",
+        "logger=none",
+        f"paths.output_dir={tmp_path / 'outputs'}",
+        f"hydra.run.dir={run_dir}",
+    ]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    (log_file,) = run_dir.glob("*.log")  # Hydra's job log, named after the job: prepare.log
+    last = log_file.read_text().strip().splitlines()[-1]
+    assert "[ERROR] - main job failed: " in last and "missing.parquet" in last, last
 
 
 @pytest.mark.parametrize(

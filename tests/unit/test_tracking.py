@@ -59,6 +59,41 @@ def test_environment_variable_wins(tmp_path, monkeypatch):
     assert (tmp_path / "env.db").exists() and not (tmp_path / "cfg.db").exists()
 
 
+def test_a_new_sqlite_store_is_opened_under_a_lock(tmp_path, monkeypatch):
+    """Two jobs starting together on a store that does not exist yet (the first night's
+    overlapping jobs) both create its tables, and one failed with sqlite's "table
+    latest_metrics already exists"; the experiment likewise. The store is opened and the
+    experiment found or created while <db>.lock is held, so the second job waits."""
+    import fcntl
+    import os
+
+    import mlflow.tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    database = tmp_path / "db" / "mlflow.db"
+    real = mlflow.tracking.MlflowClient
+    held = []
+
+    def client(*args, **kwargs):
+        fd = os.open(f"{database}.lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", client)
+    tracker = Tracker(tracking_uri=f"sqlite:///{database}", experiment_name="e")
+    assert held == [True]
+    tracker.finish()
+    fd = os.open(f"{database}.lock", os.O_RDWR)  # released once the store is open
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+
+
 def test_continued_run_keeps_its_parameters_and_tags_the_changed_ones(tmp_path, caplog):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = Tracker(tracking_uri=uri, experiment_name="e", run_name="train")
