@@ -198,6 +198,23 @@ def test_movielens_sasrec_copy():
 # ---------------------------------------------------------------------------------------------
 
 
+def test_movielens_sasrec_copy_follows_position_not_file_order(tmp_path):
+    """The copy's rows need not be stored in SASRec order: each user's items come back in
+    ``position`` order (the chronological order a leave-one-out split relies on: the last item
+    is the test target), users in ``user_sas`` order."""
+    path = tmp_path / "sasrec_ml1m_interactions.parquet"
+    pl.DataFrame(
+        {
+            "user_sas": [2, 1, 1, 2, 1],
+            "position": [1, 2, 0, 0, 1],
+            "movie_id": [22, 13, 11, 21, 12],
+        },
+        schema={"user_sas": pl.Int32, "position": pl.Int32, "movie_id": pl.Int32},
+    ).write_parquet(path)
+    df = read_movielens_sasrec_copy(path).collect()
+    assert_frame_equal(df, frame([(1, 11), (1, 12), (1, 13), (2, 21), (2, 22)], PAIR_SCHEMA))
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
 def test_taobao_tiny_plain_and_gzip(tmp_path, suffix):
     path = write(

@@ -268,6 +268,19 @@ def test_timestamps_before_1970_and_after_as_of(tmp_path):
     assert events[ITEM].to_list() == [2]
 
 
+def test_an_event_at_as_of_or_at_the_epoch_is_not_a_bad_row(tmp_path):
+    """The bounds are exclusive: "after as_of" and "before 1970-01-01" leave an event at
+    exactly as_of, or exactly at the epoch, in the log."""
+    path = write(
+        tmp_path / "in",
+        "log.csv",
+        HEADER + "1,1,1970-01-01T00:00:00Z,view\n1,2,2024-06-01T00:00:00Z,view\n",
+    )
+    events = load_events(path, SCHEMA, as_of=utc(2024, 6, 1))
+    assert events[ITEM].to_list() == [1, 2]
+    assert instants(events) == [utc(1970, 1, 1), utc(2024, 6, 1)]
+
+
 def test_future_rows_without_as_of_name_the_moment_used(tmp_path):
     path = write(tmp_path / "in", "log.csv", HEADER + "1,1,2024-01-01,view\n1,2,2999-01-01,view\n")
     with pytest.raises(DataError) as info:

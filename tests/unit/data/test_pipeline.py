@@ -33,7 +33,7 @@ from recsys.data.split import TEST_START, TEST_TARGET, TRAIN_END, VAL_TARGET, Sp
 from recsys.data.synthetic import generate_events
 from recsys.data.transforms import SESSION_INDEX
 from recsys.data.validate import BadRowPolicy
-from recsys.data.vocab import FILES, INDEX, Vocab
+from recsys.data.vocab import ATTRIBUTE, ATTRIBUTE_INDICES, FILES, INDEX, Vocab
 from recsys.schema import (
     ATTRIBUTES,
     CATEGORY,
@@ -383,6 +383,19 @@ def test_fingerprint_is_stable_and_sees_data_and_settings(tmp_path):
     )
 
 
+def test_fingerprint_sees_the_schema(tmp_path):
+    """A behaviour added to data.behaviors that no row uses leaves every typed row (and so the
+    row digest) as it was, yet the prepared data differ (one more behaviour embedding): the
+    fingerprint, which resumed trainings check, must differ too."""
+    events = synthetic()
+    first = prepare(events, tmp_path / "a")
+    wider = replace(SCHEMA, behaviors=(*SCHEMA.behaviors, "share"))
+    second = prepare(events, tmp_path / "b", schema=wider)
+    assert second["num_behaviors"] == first["num_behaviors"] + 1
+    assert second["rows_read"] == first["rows_read"]
+    assert second["fingerprint"] != first["fingerprint"]
+
+
 def test_fingerprint_does_not_depend_on_how_a_number_setting_is_written(tmp_path):
     # conf/data/base.yaml writes time_buckets.unit_seconds: 60, the Python API's default is
     # 60.0, and a command line may write session_gap_seconds=1800 or 1800.0: the same settings
@@ -608,6 +621,17 @@ def test_scoring_sequences_respect_as_of(fitted):
     assert everything[ITEMS].list.len().sum() == events.height
 
 
+def test_scoring_drops_repeated_events_as_preparation_does(fitted):
+    """load_events keeps exact repeats (same user, item, behaviour, time); the scoring
+    sequences drop them, as preparation does, so that a repeat never shows up in a history at
+    scoring time that training never saw. A repeat's time tie keeps the first copy's place."""
+    events, vocab = fitted
+    repeated = pl.concat([events, events[[0, 7, 7, 42]]])
+    assert_frame_equal(
+        scoring_sequences(repeated, vocab=vocab), scoring_sequences(events, vocab=vocab)
+    )
+
+
 def test_scoring_never_refits_the_vocabulary(fitted):
     events, vocab = fitted
     before = vocab.content_hash()
@@ -685,3 +709,87 @@ def test_a_full_disk_while_writing_the_output_is_named(tmp_path, monkeypatch, er
     with pytest.raises(OSError, match=r"no space left on the device of .* larger disk"):
         prepare(synthetic(), tmp_path / "prep")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stats_count_unknown_targets_only_where_there_is_a_target(tmp_path):
+    """A late user whose every event falls in the test window, on items never seen in
+    training, has no validation target: it adds nothing to val_targets_unknown_item (its UNK
+    first event is no target), and its test target (an unknown item) is counted and set aside.
+    12 events at distinct hours with 0.2 / 0.2 fractions: cuts at hours 6 and 8."""
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
+    rows = [  # (user, item, hour)
+        (1, 1, 0), (1, 2, 1), (1, 1, 6), (1, 2, 9),
+        (2, 2, 2), (2, 1, 3), (2, 2, 7), (2, 1, 8),
+        (3, 1, 4), (3, 2, 5),
+        (4, 9, 10), (4, 8, 11),
+    ]  # fmt: skip
+    events = pl.DataFrame(
+        {
+            USER: [u for u, _, _ in rows],
+            ITEM: [i for _, i, _ in rows],
+            CATEGORY: ["c"] * len(rows),
+            EVENT_TYPE: ["view"] * len(rows),
+            TIMESTAMP: [t0 + timedelta(hours=h) for _, _, h in rows],
+        }
+    )
+    settings = replace(SETTINGS, split=SplitSettings(val_fraction=0.2, test_fraction=0.2))
+    stats = prepare(events, tmp_path / "prep", settings)
+    sequences = pl.read_parquet(tmp_path / "prep" / SEQUENCES_FILE).sort(USER)
+    assert sequences[VAL_TARGET].to_list() == [2, 2, -1, -1]
+    assert sequences[TEST_TARGET].to_list() == [3, 3, -1, -1]  # user 4's target: unknown item
+    assert sequences.filter(pl.col(USER) == 4)[ITEMS].to_list() == [[UNK_IDX, UNK_IDX]]
+    assert (stats["val_targets"], stats["val_targets_unknown_item"]) == (2, 0)
+    assert (stats["test_targets"], stats["test_targets_unknown_item"]) == (2, 1)
+
+
+def test_dated_item_table_takes_each_items_value_at_the_last_training_event(tmp_path):
+    """A time-versioned item table: each item gets its latest value dated at or before the
+    last training event (that moment included), a value without a date counts as the oldest,
+    and of values dated alike the later row wins. Leave-one-out on 4 events per user: the
+    training events are each user's first two, the last of them at hour 1."""
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
+    rows = [(1, 10, 0), (1, 11, 1), (1, 12, 2), (1, 13, 3)]
+    rows += [(2, 12, 0), (2, 13, 1), (2, 10, 2), (2, 11, 3)]
+    events = pl.DataFrame(
+        {
+            USER: [u for u, _, _ in rows],
+            ITEM: [i for _, i, _ in rows],
+            CATEGORY: ["from_events"] * len(rows),
+            EVENT_TYPE: ["view"] * len(rows),
+            TIMESTAMP: [t0 + timedelta(hours=h) for _, _, h in rows],
+        }
+    )
+    day_before = t0 - timedelta(days=1)
+    ties = [f"tie{k:02d}" for k in range(40)]
+    table = [
+        (10, "old", day_before),
+        (10, "at_cut", t0 + timedelta(hours=1)),  # the last training event's moment: in force
+        (10, "later", t0 + timedelta(hours=2)),  # after it: never seen
+        (11, "dated", day_before),
+        (11, "undated", None),  # no date: the oldest value, overridden by any dated one
+        *[(12, name, day_before) for name in ties],  # one moment: the last row wins
+    ]
+    items = pl.DataFrame(
+        {
+            ITEM: [i for i, _, _ in table],
+            CATEGORY: [c for _, c, _ in table],
+            "valid_from": [t for _, _, t in table],
+        },
+        schema={ITEM: pl.Int64, CATEGORY: pl.String, "valid_from": pl.Datetime("us", "UTC")},
+    )
+    settings = replace(SETTINGS, split=SplitSettings(method="leave_one_out"))
+    prepare_dataset(
+        events,
+        schema=SCHEMA,
+        settings=settings,
+        out_dir=tmp_path / "prep",
+        items=items,
+        item_columns={ITEM: ITEM, CATEGORY: CATEGORY, TIMESTAMP: "valid_from"},
+    )
+    vocab = Vocab.load(tmp_path / "prep")
+    name_of = dict(zip(vocab.attributes[INDEX], vocab.attributes[ATTRIBUTE]))
+    got = {
+        item: [name_of[i] for i in indices]
+        for item, indices in zip(vocab.items[ITEM], vocab.items[ATTRIBUTE_INDICES])
+    }
+    assert got == {10: ["at_cut"], 11: ["dated"], 12: ["tie39"], 13: ["from_events"]}
