@@ -16,8 +16,8 @@ Serving contract. An export folder holds:
   Any B >= 1 and 1 <= T <= ``max_seq_len`` work (clip longer histories to their last
   ``max_seq_len`` events); shapes, dtypes and T are checked, and a bad input raises
   ``torch.jit.Error`` whose message starts ``builtins.ValueError:`` and says what to fix.
-  SASRec ignores ``behavior``, ``time_bucket`` and ``query_time_bucket`` but takes them, so every
-  encoder is served the same way.
+  SASRec and GRU4Rec ignore ``behavior``, ``time_bucket`` and ``query_time_bucket`` but take
+  them, so every encoder is served the same way.
 - ``item_table.pt``: ``{"keys": (I, D) float32, "bias": (I,) float32}``, saved with
   ``torch.save`` and loadable with ``torch.load(..., weights_only=True)``. Row ``i`` is item
   vocabulary index ``i``; ``bias`` already holds -inf for PAD (0) and UNK (1), so they are never
@@ -198,8 +198,9 @@ def export_model(
 ) -> dict[str, Path]:
     """Write the user encoder, the item table and their description into ``folder``.
 
-    ``model`` is a loaded checkpoint or a bare encoder (ATRank, SASRec: anything with the
-    encoder interface and a ``config`` holding ``max_seq_len``). The encoder is copied, so the
+    ``model`` is a loaded checkpoint or a bare encoder (ATRank, SASRec, GRU4Rec: anything with
+    the encoder interface, :mod:`recsys.model.interface`, whose ``config`` holds
+    ``max_seq_len``). The encoder is copied, so the
     caller's module is left as it was (mode, device, dtype). Files are written into a temporary
     sibling folder that is renamed into place, so ``folder`` never holds a partial export.
     Raises ValueError when ``folder`` exists and is not empty, unless ``overwrite`` is set.
@@ -229,7 +230,7 @@ def export_model(
     encoder.requires_grad_(False)
     with torch.no_grad():
         keys = encoder.item_keys().detach().clone().contiguous()  # (I, D)
-        bias = _item_bias(encoder).detach().clone().contiguous()  # (I,)
+        bias = _item_bias(encoder, keys).detach().clone().contiguous()  # (I,)
         user_encoder = _script_encoder(encoder, max_seq_len, config)
     _warn_if_zero_bucket_is_not_none(encoder)
 
@@ -331,12 +332,11 @@ def _replace_folder(tmp: Path, folder: Path, overwrite: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _item_bias(encoder: nn.Module) -> torch.Tensor:
-    """(I,) the additive part of ``score_items``: item_bias (ATRank; SASRec has none) plus
-    never_recommended (-inf for PAD and UNK)."""
-    never = encoder.never_recommended
-    item_bias = getattr(encoder, "item_bias", None)
-    return never.clone() if item_bias is None else item_bias + never
+def _item_bias(encoder: nn.Module, keys: torch.Tensor) -> torch.Tensor:
+    """(I,) the additive part of ``score_items`` (item_bias for ATRank, none for SASRec, -inf
+    for PAD and UNK): its scores for a zero query, as scoring reads it, so any encoder whose
+    ``score_items`` is ``query @ keys.T + bias`` exports (the encoder interface)."""
+    return encoder.score_items(keys.new_zeros(1, keys.shape[1]))[0]
 
 
 def _example_inputs(

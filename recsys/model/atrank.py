@@ -50,6 +50,7 @@ from recsys.model.embeddings import (
     BehaviorAwareEmbedding,
     _check_embedding_std,
 )
+from recsys.model.interface import candidate_scores
 from recsys.model.layers import (
     FFN_ACTIVATIONS,
     POSITION_ORIGINS,
@@ -540,7 +541,7 @@ class ATRank(nn.Module):
         Returns (M, K); PAD and UNK candidates are -inf.
         """
         keys = self._keys(items)  # (..., K, D)
-        return _candidate_scores(query, keys, items, bias=self.item_bias)
+        return candidate_scores(query, keys, items, bias=self.item_bias)
 
     def rerank_scores(
         self,
@@ -613,18 +614,3 @@ class _Scale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.factor
-
-
-def _candidate_scores(
-    query: torch.Tensor, keys: torch.Tensor, items: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """Shapes: query (M, D); items (M, K) with keys (M, K, D), or items (K,) with keys (K, D)
-    shared by every row -> scores (M, K), -inf for PAD/UNK candidates."""
-    if items.dim() == 1:
-        scores = query @ keys.T  # (M, K)
-        items = items.expand(query.shape[0], -1)
-    else:
-        scores = torch.bmm(keys, query[:, :, None]).squeeze(-1)  # (M, K)
-    if bias is not None:
-        scores = scores + bias[items]
-    return scores.masked_fill(items < NUM_RESERVED, float("-inf"))

@@ -13,10 +13,10 @@ makes it the baseline ATRank's side information is measured against. The loss de
 the original (``bce``, one negative per position) and SASRec+ (``full_softmax``, Klenitskiy &
 Vasilev 2023); see :mod:`recsys.training.losses`.
 
-The interface is ATRank's (``forward``, ``item_keys``, ``score_items``, ``score_candidates``,
-``rerank_scores``, ``config``), so the training module, evaluation and scoring take either.
-It has no target-attention head: ``rerank_scores`` is the retrieval score, so a two-stage
-ranking keeps the retrieval order.
+The interface is :data:`recsys.model.interface.ENCODER_INTERFACE`, so the training module,
+evaluation and scoring take any encoder. The scoring side is
+:class:`recsys.model.interface.TiedItemScores` (shared with GRU4Rec): no target-attention head,
+``rerank_scores`` is the retrieval score, so a two-stage ranking keeps the retrieval order.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recsys.model.atrank import _candidate_scores
-from recsys.model.embeddings import _check_embedding_std, _init_table
+from recsys.model.embeddings import _check_embedding_std
+from recsys.model.interface import TiedItemScores
 from recsys.model.layers import (
     Dropout,
     LearnedPositionalEncoding,
@@ -39,13 +39,12 @@ from recsys.model.layers import (
     _check_position_std,
     attention_mask,
     init_linear_layers,
-    never_recommended,
 )
-from recsys.model.outputs import EncoderOutput, history_attention
+from recsys.model.outputs import EncoderOutput
 from recsys.schema import NUM_RESERVED, PAD_IDX
 
 
-class SASRec(nn.Module):
+class SASRec(TiedItemScores, nn.Module):
     """Self-attentive sequential recommendation over item ids.
 
     Data sizes (``num_items`` with PAD/UNK, ``max_seq_len``) come from the data; the other
@@ -110,16 +109,9 @@ class SASRec(nn.Module):
             "init_std": init_std,
             "position_std": position_std,
         }
-        self.num_items = num_items
         self.d_model = d_model
-        self.item_embedding = nn.Embedding(num_items, d_model, padding_idx=PAD_IDX)
-        # Stored at std s (None: D^-1/2), used divided by s: unit-scale inputs, and keys at
-        # std D^-1/2 so initial logits hidden · key are O(1) (nn.Embedding's N(0, 1) keys
-        # start the softmax at logits of ~sqrt(D) spread and train far slower: val NDCG@10
-        # 0.006 vs ~0.03 after 3 epochs on Beauty). s sets how fast the table learns: see
-        # recsys.model.embeddings.BehaviorAwareEmbedding.
-        self.item_scale = _init_table(self.item_embedding, embedding_std)
-        self.key_scale = self.item_scale * d_model**-0.5
+        # the item table (stored at embedding_std, used at unit scale) and its keys
+        self._init_item_table(num_items, d_model, embedding_std)
         self.position = LearnedPositionalEncoding(
             max_seq_len=max_seq_len, d_model=d_model, origin=position_origin, std=position_std
         )
@@ -140,10 +132,6 @@ class SASRec(nn.Module):
         )
         self.final_norm = nn.LayerNorm(d_model)
         init_linear_layers(self, init_std)
-        self.register_buffer("never_recommended", never_recommended(num_items), persistent=False)
-
-    def set_item_attributes(self, item_attributes: torch.Tensor) -> None:
-        """SASRec uses no item side information; accepted so every encoder is built alike."""
 
     def forward(
         self,
@@ -166,37 +154,3 @@ class SASRec(nn.Module):
             x = block(x, mask, padding_mask)
         hidden = self.final_norm(x).masked_fill(~padding_mask[..., None], 0.0)
         return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
-
-    def item_keys(self) -> torch.Tensor:
-        """Shapes: returns (I, D), the input embedding table (at std D^-1/2 when built)."""
-        return self.item_embedding.weight * self.key_scale
-
-    def item_keys_of(self, items: torch.Tensor) -> torch.Tensor:
-        """Shapes: items (...) long -> (..., D), those items' rows of :meth:`item_keys`."""
-        return self.item_embedding(items) * self.key_scale
-
-    def score_items(self, query: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
-        """Shapes: query (..., D) -> (..., I); PAD and UNK are -inf."""
-        keys = self.item_keys() if keys is None else keys
-        return query @ keys.T + self.never_recommended
-
-    def score_candidates(self, query: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """Scores of chosen items; see :meth:`ATRank.score_candidates`."""
-        return _candidate_scores(query, self.item_keys_of(items), items, bias=None)
-
-    def rerank_scores(
-        self, output: EncoderOutput, candidates: torch.Tensor, return_attention: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """No target attention: the candidates' retrieval scores (B, N). With
-        ``return_attention``, also which history positions the candidate matches (B, N, T):
-        a softmax over real positions of ``key_c · hidden_t / sqrt(D)`` (the explanation
-        scoring shows; it does not change the score)."""
-        scores = self.score_candidates(output.query, candidates)
-        if not return_attention:
-            return scores
-        return scores, self.explanation_weights(output, candidates)
-
-    def explanation_weights(self, output: EncoderOutput, candidates: torch.Tensor) -> torch.Tensor:
-        """Which history positions each candidate matches (B, N, T): a softmax over real
-        positions of ``key_c · hidden_t / sqrt(D)`` (scoring's ``explain_*`` columns)."""
-        return history_attention(self.item_keys_of(candidates), output)

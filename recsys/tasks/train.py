@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pickle
@@ -18,7 +19,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
@@ -34,6 +35,7 @@ from recsys.data.options import time_buckets
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
+from recsys.model.interface import check_encoder
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, load_model, use_tracker
@@ -85,7 +87,8 @@ def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Mod
         num_behaviors=vocab.num_behaviors,
         num_time_buckets=datamodule.time_buckets.num_embeddings,
     )
-    encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
+    if hasattr(encoder, "set_item_attributes"):  # optional: encoders without side information
+        encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
     return encoder
 
 
@@ -110,7 +113,21 @@ def build_callbacks(cfg: DictConfig) -> dict[str, pl.Callback]:
 
 
 def _encoder(cfg: DictConfig, **sizes: int) -> torch.nn.Module:
-    return instantiate(cfg.model, **sizes, max_seq_len=cfg.data.max_seq_len)
+    """``model`` built with ``max_seq_len`` and those of the data ``sizes`` its constructor
+    takes (by name, or all with ``**kwargs``): an encoder that reads no behaviours need not
+    declare ``num_behaviors``. Checked against the encoder interface
+    (:func:`recsys.model.interface.check_encoder`), so that a member an encoder lacks is named
+    here, before the data is prepared, not by an AttributeError after training."""
+    try:
+        parameters = list(inspect.signature(get_class(cfg.model._target_)).parameters.values())
+    except Exception:  # a bad _target_: instantiate below says what is wrong
+        parameters = []
+    if parameters and all(p.kind is not p.VAR_KEYWORD for p in parameters):
+        taken = {p.name for p in parameters}
+        sizes = {name: size for name, size in sizes.items() if name in taken}
+    encoder = instantiate(cfg.model, **sizes, max_seq_len=cfg.data.max_seq_len)
+    check_encoder(encoder)
+    return encoder
 
 
 # a catalogue larger than any setting's bound on it (negatives, sampled metrics): the trial

@@ -100,8 +100,8 @@ def same_target_partners(contrastive_weight: object, contrastive_positive: objec
 
 
 class SeqRecModule(pl.LightningModule):
-    """Wraps an encoder with the ``ATRank`` interface (``forward``, ``score_items``,
-    ``score_candidates``, ``rerank_scores``, ``config``).
+    """Wraps an encoder with the encoder interface (:mod:`recsys.model.interface`: ATRank,
+    SASRec, GRU4Rec).
 
     ``optimizer`` / ``scheduler`` are partials (Hydra ``_partial_: true``) called with the
     parameters / optimizer. ``behaviors`` (behaviour names by vocabulary index, from index 2)

@@ -822,6 +822,31 @@ def test_attribute_loss_trains_and_evaluates_beside_the_baselines(make_config):
     assert expected <= set(test)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+def test_gru4rec_trains_evaluates_scores_and_exports(make_config, tmp_path):
+    """model=gru4rec through the main job (prepare -> train -> evaluate -> score, with
+    explanations) and the serving export of its checkpoint, which scores as the model does."""
+    import torch
+
+    from recsys.checkpoint import load_checkpoint
+    from recsys.export import export_model, load_exported
+
+    cfg = make_config("config", [*TINY, "logger=none", "trainer.max_epochs=1", "model=gru4rec"])
+    result = main.run(cfg)
+    assert result.metrics["test/ndcg_at_10"] >= 0
+    recs = read_parts(result.recommendations)
+    assert recs.group_by("user_id").len()["len"].max() == cfg.retrieval.top_k
+    assert recs["score"].is_finite().all()
+    model = load_checkpoint(result.checkpoint)
+    assert type(model.encoder).__name__ == "GRU4Rec"
+    served = load_exported(export_model(model, tmp_path / "served")["metadata"].parent)
+    item = torch.tensor([[0, 0, 2, 3, 4], [5, 6, 7, 8, 9]])
+    zeros, mask = torch.zeros_like(item), item != 0
+    with torch.no_grad():
+        expected = model.encoder.score_items(model.encoder(item, zeros, zeros, mask).query)
+    torch.testing.assert_close(served.score(item, zeros, zeros, mask), expected)
+
+
 def test_faithful_preset_trains_on_every_prefix(make_config, tmp_path):
     """data.loader.train_samples=prefixes: the non-causal reference encoder learns from every
     training target (one row each), through the real training task."""

@@ -15,6 +15,7 @@ from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
 from recsys.export import INPUT_NAMES, export_model, load_exported
 from recsys.model import ATRank
+from recsys.model.gru4rec import GRU4Rec
 from recsys.model.sasrec import SASRec
 from recsys.schema import PAD_IDX, EventSchema
 
@@ -50,6 +51,7 @@ ENCODERS = (
     "atrank_low_pass",
     "sasrec",
     "sasrec_low_pass",
+    "gru4rec",
 )
 # (lengths of the rows, T): neither is the tracing example's (B=2, T=4)
 SHAPES = [([3, 5, 1], 5), ([8, 2, 7, 8, 1, 4], 8), ([1], 1)]
@@ -67,7 +69,15 @@ def attribute_table(width: int) -> torch.Tensor:
 
 def make_encoder(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    if kind.startswith("sasrec"):
+    if kind == "gru4rec":
+        encoder = GRU4Rec(
+            num_items=SIZES["num_items"],
+            max_seq_len=SIZES["max_seq_len"],
+            d_model=16,
+            num_layers=2,
+            dropout=0.1,
+        )
+    elif kind.startswith("sasrec"):
         encoder = SASRec(
             filter_mix=0.7 if kind == "sasrec_low_pass" else 0.0,
             num_items=SIZES["num_items"],
