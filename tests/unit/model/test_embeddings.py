@@ -71,6 +71,21 @@ def test_same_item_different_behavior_differs() -> None:
     assert not torch.allclose(different[0, 0], different[0, 1])
 
 
+def test_time_bucket_adds_its_own_embedding_row() -> None:
+    # the gap bucket is part of every real token: changing it moves the token by exactly the
+    # difference of the two time-embedding rows, and PAD bucket 0 embeds to zero
+    embedding = make_embedding(positional="none")
+    item, behavior = torch.tensor([[3, 4]]), torch.tensor([[2, 3]])
+    padding_mask = torch.ones(1, 2, dtype=torch.bool)
+    with torch.no_grad():
+        base = embedding(item, behavior, torch.tensor([[0, 1]]), padding_mask)
+        moved = embedding(item, behavior, torch.tensor([[4, 3]]), padding_mask)
+        table = embedding.time_embedding.weight
+        torch.testing.assert_close(moved[0, 0] - base[0, 0], table[4])
+        torch.testing.assert_close(moved[0, 1] - base[0, 1], table[3] - table[1])
+    assert table[1:].abs().sum() > 0
+
+
 def test_projection_is_the_token_own_behavior_map() -> None:
     embedding = make_embedding(positional="none")
     item = torch.tensor([[3, 4, 5]])

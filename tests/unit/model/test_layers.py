@@ -159,6 +159,30 @@ def test_transformer_block_shape_and_finite(norm_first: bool) -> None:
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_transformer_block_is_its_documented_residual_and_norm_order(norm_first: bool) -> None:
+    """Pre-norm: x + attn(norm(x)), then + ffn(norm(.)); post-norm: norm(x + attn(x)), then
+    norm(. + ffn(.)), each LayerNorm where the docstring puts it (dropout 0)."""
+    torch.manual_seed(0)
+    block = TransformerBlock(d_model=8, num_heads=2, ffn_dim=4, dropout=0.0, norm_first=norm_first)
+    with torch.no_grad():  # norms that are not the identity, so a missing one shows
+        for norm in (block.attention_norm, block.feed_forward_norm):
+            norm.weight.uniform_(0.5, 2.0)
+            norm.bias.normal_()
+    x = torch.randn(2, 4, 8) * 3 + 1
+    padding_mask = torch.ones(2, 4, dtype=torch.bool)
+    mask = attention_mask(padding_mask, causal=True)
+    with torch.no_grad():
+        out = block(x, mask, padding_mask)
+        if norm_first:
+            h = x + block.attention(block.attention_norm(x), mask)
+            expected = h + block.feed_forward(block.feed_forward_norm(h))
+        else:
+            h = block.attention_norm(x + block.attention(x, mask))
+            expected = block.feed_forward_norm(h + block.feed_forward(h))
+    torch.testing.assert_close(out, expected)
+
+
 # --- BSARec's low-pass branch ----------------------------------------------------------------
 
 

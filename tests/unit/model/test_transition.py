@@ -1,4 +1,5 @@
-"""The first-order transition baseline against hand-counted transitions."""
+"""The first-order transition baseline against hand-counted transitions, and the popularity
+baseline."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import numpy as np
 import torch
 
+from recsys.model.popularity import Popularity
 from recsys.model.transition import Transition
 
 # users back to back: u0 = [2 3 4 | 2 3] (3 training events), u1 = [2 3 5], u2 = [4]
@@ -43,3 +45,13 @@ def test_scores_follow_the_last_item_with_popularity_tie_break() -> None:
         ]
     )
     torch.testing.assert_close(scores, expected.float())
+
+
+def test_popularity_ranks_every_user_by_training_count_and_never_pad_or_unk() -> None:
+    m = Popularity(torch.as_tensor(TRAIN_COUNTS) * torch.tensor([9, 9, 1, 3, 2, 1]))
+    history = torch.tensor([[0, 2, 3], [0, 0, 5]])
+    scores = m.score_items(m(history, None, None, history > 0).query)
+    assert scores.shape == (2, 6)
+    assert torch.equal(scores[0], scores[1])  # the same list for everyone
+    assert torch.isneginf(scores[:, :2]).all()  # PAD and UNK, whatever their counts
+    assert scores[0].argsort(descending=True)[:4].tolist() == [3, 4, 2, 5]  # counts 6, 4, 2, 1

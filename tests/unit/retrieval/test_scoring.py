@@ -1,5 +1,7 @@
 """The scoring job's pieces: index, rules, cold start, explanations (in memory)."""
 
+import copy
+import dataclasses
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -464,6 +466,24 @@ def test_two_stage_keeps_the_score_a_rule_gave_seen_items(setup):
     assert (unfixed.scores[:, :10][seen.gather(1, unfixed.items[:, :10])] != 0).any()
 
 
+def test_a_trained_rerank_head_reorders_the_scored_lists(setup):
+    """The fixture's head is untrained (its output layer is 0: re-ranking keeps retrieval's
+    order), so train it by hand: scoring with rerank_top_n must then give other lists than
+    retrieval alone, each drawn from the user's first rerank_top_n retrieved items."""
+    model, events = setup
+    encoder = copy.deepcopy(model.encoder)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        torch.nn.init.normal_(encoder.rerank_output.weight)
+    trained = dataclasses.replace(model, encoder=encoder)
+    reranked = _score(trained, events, rerank_top_n=10)
+    assert not reranked[ITEM].equals(_score(trained, events)[ITEM])
+    head = recommend_frame(trained, events, retrieval={"top_k": 10}).group_by(USER).agg(ITEM)
+    lists = reranked.group_by(USER).agg(ITEM).join(head, on=USER, suffix="_head")
+    for items, candidates in zip(lists[ITEM].to_list(), lists[f"{ITEM}_head"].to_list()):
+        assert set(items) <= set(candidates)
+
+
 def test_as_of_limits_history(setup):
     model, events = setup
     events = load_events(events, EventSchema())
@@ -513,6 +533,38 @@ def test_chunked_topk_pads_when_too_few_items_remain():
     )
     assert torch.isneginf(scores[0, 2]) and items[0, 2] == 0
     assert sorted(items[0, :2].tolist()) == [2, 3]
+
+
+def test_chunked_topk_lists_padding_for_blocked_items_it_had_to_take():
+    # 2 of 4 items blocked, 3 asked for: the third place is -inf and names no blocked item
+    blocked = torch.tensor([False, True, True, False])
+    scores, items = chunked_topk(lambda s, e: torch.ones(1, e - s), 4, 3, blocked=blocked)
+    assert torch.isneginf(scores[0, 2]) and items[0, 2] == 0
+    assert sorted(items[0, :2].tolist()) == [0, 3]
+
+
+class _ReversingHead(torch.nn.Module):
+    """Retrieval had scored items by index; the re-rank head scores them by minus it."""
+
+    def rerank_scores(self, output, candidates):
+        return -candidates.float()
+
+
+def test_two_stage_reranks_rerank_top_n_candidates_even_beyond_top_k():
+    # retrieval's top 4 of items 2..7 is 7, 6, 5, 4; the head reverses them. With top_k=1
+    # and rerank_top_n=4 the head must see all four, so item 4 comes first
+    scores = torch.arange(8.0)[None, :].clone()
+    scores[:, :2] = -torch.inf
+    ranking = two_stage(_ReversingHead(), None, top_k=1, rerank_top_n=4, scores=scores)
+    assert ranking.items.tolist() == [[4, 5, 6, 7]]
+    assert ranking.reranked.all()
+
+
+def test_cap_per_category_never_caps_items_without_a_category():
+    category = torch.tensor([0, 0, 1, 0, 0, 1])  # items 3 and 4 have no category (0)
+    items = torch.tensor([[3, 2, 4, 5]])
+    keep = cap_per_category(items, category, torch.ones(1, 4, dtype=torch.bool), cap=1)
+    assert keep.tolist() == [[True, True, True, False]]
 
 
 def test_mask_items_only_touches_its_chunk():

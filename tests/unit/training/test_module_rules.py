@@ -1,0 +1,140 @@
+"""Rules of the training module that its other tests leave open: accidental hits in the
+sampled losses, the seen-item policy through the re-rank stage, sampled-metric negatives drawn
+from unseen items, and schedules set in epochs under gradient accumulation."""
+
+from __future__ import annotations
+
+from functools import partial
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from recsys.data.batch import SeqBatch
+from recsys.model.layers import never_recommended
+from recsys.model.outputs import EncoderOutput
+from recsys.training.module import SeqRecModule
+
+NUM_ITEMS = 30
+
+
+class _ByIndex(torch.nn.Module):
+    """Retrieval scores every item by its index (item 2 lowest of the real items); the
+    target-attention head scores by minus the index, the reverse order."""
+
+    num_items = NUM_ITEMS
+    config: dict = {}
+
+    def forward(self, item, behavior, time_bucket, padding_mask, query_time_bucket=None):
+        hidden = torch.ones(*item.shape, 1)
+        return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
+
+    def score_items(self, query):
+        scores = torch.arange(self.num_items, dtype=torch.float32).expand(len(query), -1)
+        return scores + never_recommended(self.num_items)
+
+    def rerank_scores(self, output, candidates):
+        return -candidates.float()
+
+
+def eval_batch(target: int, seen: torch.Tensor, rows: int = 3) -> SeqBatch:
+    item = torch.tensor([[0, 5, 6]]).expand(rows, -1)
+    mask = item != 0
+    return SeqBatch(
+        item=item,
+        behavior=mask.long() * 2,
+        time_bucket=mask.long(),
+        padding_mask=mask,
+        query_time_bucket=mask.long(),
+        target_item=torch.full((rows,), target),
+        target_behavior=torch.full((rows,), 2),
+        user_index=torch.arange(rows),
+        seen_item=seen.expand(rows, -1),
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"loss": "sampled_softmax", "negative_sampler": "popularity"},
+        {"loss": "bce"},
+        {"loss": "gbce"},
+    ],
+)
+def test_a_negative_equal_to_the_target_counts_as_if_it_were_not_drawn(kwargs):
+    # row 0 drew its own target (item 7) as its first negative: the accidental hit must add
+    # nothing, so the row's loss is that over its other two negatives
+    counts = torch.arange(NUM_ITEMS).float()
+    m = SeqRecModule(
+        _ByIndex(), None, num_negatives=3, item_counts=counts, shared_negatives=False, **kwargs
+    )
+    positive = torch.tensor([1.0, 0.5])
+    negatives = torch.tensor([[1.0, -0.5, 2.0], [0.3, 1.5, -1.0]])
+    target = torch.tensor([7, 9])
+    items = torch.tensor([[7, 4, 12], [3, 8, 20]])
+    loss = m._sampled_loss(positive, negatives, target, items, None)
+    row0 = m._sampled_loss(positive[:1], negatives[:1, 1:], target[:1], items[:1, 1:], None)
+    row1 = m._sampled_loss(positive[1:], negatives[1:], target[1:], items[1:], None)
+    torch.testing.assert_close(loss, (row0 + row1) / 2)
+
+
+def test_the_sampled_softmax_corrects_the_target_and_the_negatives_by_log_q():
+    # popularity sampler: q(i) = count(i) / sum; every score minus log q, the target included
+    counts = torch.arange(NUM_ITEMS).float()
+    counts[:2] = 0
+    m = SeqRecModule(
+        _ByIndex(), None, loss="sampled_softmax", negative_sampler="popularity",
+        num_negatives=2, item_counts=counts, shared_negatives=False,
+    )  # fmt: skip
+    positive, negatives = torch.tensor([1.0]), torch.tensor([[0.5, 2.0]])
+    target, items = torch.tensor([3]), torch.tensor([[20, 29]])
+    log_q = (counts / counts.sum()).log()
+    logits = torch.cat([positive - log_q[target], negatives[0] - log_q[items[0]]])
+    expected = -torch.log_softmax(logits, dim=0)[0]
+    loss = m._sampled_loss(positive, negatives, target, items, None)
+    torch.testing.assert_close(loss, expected)
+
+
+def test_seen_items_zero_keeps_the_rule_score_through_the_rerank_stage():
+    # seen_items=zero scores the history 0; the re-rank head orders the rest by -index, all
+    # below 0, so the seen target (item 29) must come first in the final list. Re-scored by
+    # the head it would be last (-29).
+    m = SeqRecModule(_ByIndex(), None, metric_ks=(1, 10), seen_items="zero", rerank_top_n=28)
+    metrics = m.eval().evaluation_metrics(eval_batch(29, torch.tensor([[29]])))
+    assert metrics["retrieval_hr_at_10"].tolist() == [0.0] * 3  # stage 1: 0 is the lowest
+    assert metrics["hr_at_1"].tolist() == [1.0] * 3
+    assert metrics["ndcg_at_10"].tolist() == [1.0] * 3
+
+
+def test_sampled_negatives_are_never_items_the_user_has_had():
+    # the user has had items 2..19, all scoring below the target (item 20); the items they
+    # have not had (21..29) all score above it. Negatives from the unseen items only: the
+    # target is beaten by every one (AUC 0, rank 11 of 11); seen negatives would give AUC > 0.
+    m = SeqRecModule(_ByIndex(), None, metric_ks=(10,), sampled_metrics={"num_negatives": 10})
+    metrics = m.eval().evaluation_metrics(eval_batch(20, torch.arange(2, 20)[None, :]))
+    assert metrics["auc"].tolist() == [0.0] * 3
+    assert metrics["sampled_hr_at_10"].tolist() == [0.0] * 3
+
+
+@pytest.mark.parametrize(("batches", "accumulate", "expected"), [(5, 1, 5), (5, 2, 3), (8, 4, 2)])
+def test_a_schedule_set_in_epochs_counts_optimizer_steps_not_batches(batches, accumulate, expected):
+    seen = {}
+
+    def scheduler(optimizer, *, steps_per_epoch):
+        seen["steps_per_epoch"] = steps_per_epoch
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    class _Tiny(_ByIndex):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    m = SeqRecModule(_Tiny(), partial(torch.optim.SGD, lr=0.1), scheduler)
+    m.trainer = SimpleNamespace(
+        estimated_stepping_batches=None,
+        num_training_batches=batches,
+        accumulate_grad_batches=accumulate,
+    )
+    config = m.configure_optimizers()
+    assert seen["steps_per_epoch"] == expected
+    assert config["lr_scheduler"]["interval"] == "step"
