@@ -104,20 +104,28 @@ def to_container(cfg: Any) -> Any:
     return cfg
 
 
+def data_options(data_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``data`` config group as plain values, its keys checked: a misspelt one
+    (``+data.min_user_event=3``) is refused by name rather than silently not applied."""
+    plain = dict(to_container(data_cfg))
+    options.check_keys(plain, allowed=options.DATA_KEYS)
+    return plain
+
+
 def event_schema(data_cfg: Mapping[str, Any]) -> EventSchema:
-    return options.event_schema(to_container(data_cfg))
+    return options.event_schema(data_options(data_cfg))
 
 
 def time_buckets(data_cfg: Mapping[str, Any]) -> TimeBuckets:
-    return options.time_buckets(to_container(data_cfg))
+    return options.time_buckets(data_options(data_cfg))
 
 
 def prepare_settings(data_cfg: Mapping[str, Any]) -> PrepareSettings:
-    return options.prepare_settings(to_container(data_cfg))
+    return options.prepare_settings(data_options(data_cfg))
 
 
 def item_columns(data_cfg: Mapping[str, Any]) -> dict[str, str | None]:
-    return options.item_columns(to_container(data_cfg))
+    return options.item_columns(data_options(data_cfg))
 
 
 def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:

@@ -12,15 +12,34 @@ from recsys.data.pipeline import SEQUENCES_FILE, load_stats
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
 
+LOADER_KEYS = ("batch_size", "eval_batch_size", "num_workers", "train_samples")
 
-def check_loader(**loader) -> None:
-    """``data.loader``'s sizes, refused by their config key: ``batch_size`` and
-    ``eval_batch_size`` whole numbers >= 1, ``num_workers`` >= 0 (the train task checks them
-    before the data is prepared)."""
+
+def check_loader(partners: bool = False, **loader) -> None:
+    """``data.loader``, refused by its config key: no unknown key, ``batch_size`` and
+    ``eval_batch_size`` whole numbers >= 1, ``num_workers`` >= 0, ``train_samples`` one of
+    :data:`TRAIN_SAMPLES` (prefixes where ``partners``, same-target pairs, are wanted). The
+    train task checks it before the data is prepared."""
+    unknown = sorted(set(loader) - set(LOADER_KEYS))
+    if unknown:
+        raise ValueError(f"unknown data.loader option(s) {unknown}; known: {sorted(LOADER_KEYS)}")
     for key, minimum in (("batch_size", 1), ("eval_batch_size", 1), ("num_workers", 0)):
         value = loader.get(key, minimum)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"data.loader.{key}={value!r} must be a whole number >= {minimum}")
+    train_samples = loader.get("train_samples", "windows")
+    if train_samples not in TRAIN_SAMPLES:
+        raise ValueError(
+            f"data.loader.train_samples={train_samples!r} is not supported: choose one of "
+            f"{list(TRAIN_SAMPLES)} (windows: every position a target; prefixes: one row "
+            "per target)"
+        )
+    if partners and train_samples != "prefixes":
+        raise ValueError(
+            "same-target partners (training.contrastive_positive=same_target) pair training "
+            "rows by their one target: they need data.loader.train_samples=prefixes, got "
+            f"{train_samples!r}"
+        )
 
 
 class SeqRecDataModule(pl.LightningDataModule):
@@ -53,20 +72,12 @@ class SeqRecDataModule(pl.LightningDataModule):
         so the data's setting need not match the model's)."""
         super().__init__()
         check_loader(
-            batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers
+            partners,
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            num_workers=num_workers,
+            train_samples=train_samples,
         )
-        if train_samples not in TRAIN_SAMPLES:
-            raise ValueError(
-                f"data.loader.train_samples={train_samples!r} is not supported: choose one of "
-                f"{list(TRAIN_SAMPLES)} (windows: every position a target; prefixes: one row "
-                "per target)"
-            )
-        if partners and train_samples != "prefixes":
-            raise ValueError(
-                "same-target partners (training.contrastive_positive=same_target) pair training "
-                "rows by their one target: they need data.loader.train_samples=prefixes, got "
-                f"{train_samples!r}"
-            )
         self.train_samples = train_samples
         self.partners = bool(partners)
         self.prepared_dir = Path(prepared_dir)

@@ -63,11 +63,15 @@ def _warn_on_mixed_types(folder: Path, files: list[Path], frames: list[pl.LazyFr
             )
 
 
-def _scan_file(path: Path, columns: Mapping[str, bool]) -> pl.LazyFrame:
+def _scan_file(
+    path: Path, columns: Mapping[str, bool], option: str = "data.source.path"
+) -> pl.LazyFrame:
     """A CSV / Parquet file or folder as a LazyFrame. ``columns`` names the columns wanted
-    from a CSV, True for an id or name column (see :func:`_csv_types`)."""
+    from a CSV, True for an id or name column (see :func:`_csv_types`); ``option`` is the
+    setting that names it (``data.source`` or ``data.items``)."""
     if not path.exists():
-        raise DataError(f"event log {path} does not exist: check data.source.path")
+        what = "item table" if option == "data.items" else "event log"
+        raise DataError(f"{what} {path} does not exist: check {option}")
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix.lower() in SUPPORTED_SUFFIXES)
         if not files:
@@ -156,10 +160,12 @@ def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.
     return lf.with_columns(typed)
 
 
-def _as_lazy(source: EventSource, name: str, columns: Mapping[str, bool]) -> pl.LazyFrame:
+def _as_lazy(
+    source: EventSource, name: str, columns: Mapping[str, bool], option: str = "data.source.path"
+) -> pl.LazyFrame:
     """``source`` as a LazyFrame; ``columns`` (wanted column -> is an id) types a CSV."""
     if isinstance(source, (str, os.PathLike)):
-        return _scan_file(Path(source), columns)
+        return _scan_file(Path(source), columns, option)
     if isinstance(source, pl.LazyFrame):
         return source
     if isinstance(source, pl.DataFrame):
@@ -261,5 +267,5 @@ def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFr
             f"{name}: data.item_columns maps neither category nor attributes, so the item "
             "table adds nothing: map one of them or set data.items=null"
         )
-    lf = _as_lazy(source, name, _wanted(columns))
+    lf = _as_lazy(source, name, _wanted(columns), option="data.items")
     return select_mapped(lf, columns, name=name, option="data.item_columns")

@@ -40,6 +40,9 @@ SETTINGS_KEYS = {
     "partition_rows",
 }
 ITEM_KEYS = {"item_columns"}
+# the data config group's keys besides the above: where the data is and how it is loaded
+CONFIG_KEYS = {"name", "source", "items", "prepared_dir", "max_seq_len", "loader"}
+DATA_KEYS = SCHEMA_KEYS | SETTINGS_KEYS | ITEM_KEYS | CONFIG_KEYS
 DEFAULT_COLUMNS = {USER: USER, ITEM: ITEM, TIMESTAMP: TIMESTAMP, EVENT_TYPE: EVENT_TYPE}
 
 
@@ -54,7 +57,8 @@ def event_schema(options: Mapping[str, Any]) -> EventSchema:
     defaults = EventSchema()
     return EventSchema(
         columns={k: v for k, v in columns.items() if v},
-        behaviors=names("data.behaviors", options.get("behaviors") or defaults.behaviors),
+        # absent: the default; null or [] given is refused (not silently the default four)
+        behaviors=names("data.behaviors", options.get("behaviors", defaults.behaviors)),
         behavior_aliases=dict(options.get("behavior_aliases") or {}),
         timestamp_unit=options.get("timestamp_unit") or "s",
         attribute_separator=options.get("attribute_separator"),

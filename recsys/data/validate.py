@@ -29,6 +29,7 @@ bucket.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -127,15 +128,25 @@ class BadRowPolicy:
         return [kind for kind, p in asdict(self).items() if p == policy]
 
 
-def check_number(option: str, value: object, *, integer: bool = False) -> None:
-    """Refuse a setting that is not a number (a string from a command line, a bool, None):
-    comparisons on it would fail with a TypeError that names no setting."""
+def check_number(
+    option: str,
+    value: object,
+    *,
+    integer: bool = False,
+    minimum: float | None = None,
+    why: str = "",
+) -> None:
+    """Refuse a setting that is not a finite number (a string from a command line, a bool,
+    None, NaN, inf: comparisons on it would fail with a TypeError that names no setting, or
+    pass), or below ``minimum``; ``why`` ends the message (what the bound is for)."""
     kinds = (int,) if integer else (int, float)
+    kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, kinds):
-        raise ValueError(
-            f"{option}={value!r} ({type(value).__name__}) must be "
-            f"{'an integer' if integer else 'a number'}"
-        )
+        raise ValueError(f"{option}={value!r} ({type(value).__name__}) must be {kind}{why}")
+    if not math.isfinite(value):
+        raise ValueError(f"{option}={value!r} must be a finite number{why}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{option}={value!r} must be {kind} >= {minimum}{why}")
 
 
 def names(option: str, value: object) -> tuple[str, ...]:

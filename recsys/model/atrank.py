@@ -236,6 +236,7 @@ class ATRank(nn.Module):
         if (
             isinstance(ffn_multiplier, bool)
             or not isinstance(ffn_multiplier, numbers.Real)
+            or not math.isfinite(ffn_multiplier)
             or round(d_model * ffn_multiplier) < 1
         ):
             raise ValueError(

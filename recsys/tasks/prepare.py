@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,15 +93,38 @@ def _source_name(value) -> str:
 
 
 def _same_source(prepared_from: str | None, source: str | None) -> bool:
-    """The same loader call, or the same file (a relative and an absolute path to it agree).
-    A folder prepared from an in-memory frame (a notebook's ``rd.prepare(df, ...)``) names no
-    source to compare, so the caller does not ask."""
+    """The same loader call, or the same file (a relative and an absolute path to it agree,
+    inside a loader's call too: ``read_s3rec(/data/x/../Beauty.txt)`` is
+    ``read_s3rec(/data/Beauty.txt)``). A folder prepared from an in-memory frame (a notebook's
+    ``rd.prepare(df, ...)``) names no source to compare, so the caller does not ask."""
     if prepared_from == source:
         return True
     if prepared_from is None or source is None:
         return False
-    first, second = Path(prepared_from).expanduser(), Path(source).expanduser()
-    return first.exists() and second.exists() and first.resolve() == second.resolve()
+    first, second = _LOADER_CALL.match(prepared_from), _LOADER_CALL.match(source)
+    if first is None or second is None:
+        return _same_file(prepared_from, source)
+    if first["loader"] != second["loader"]:
+        return False
+    # the arguments as describe() writes them: paths and k=v, joined by ", "
+    was, now = first["arguments"].split(", "), second["arguments"].split(", ")
+    return len(was) == len(now) and all(_same_argument(a, b) for a, b in zip(was, now))
+
+
+_LOADER_CALL = re.compile(r"^(?P<loader>[A-Za-z_][\w.]*)\((?P<arguments>.*)\)$", re.DOTALL)
+
+
+def _same_argument(was: str, now: str) -> bool:
+    """One argument of a loader's call: equal text, the same file, or ``key=`` the same file."""
+    if was == now or _same_file(was, now):
+        return True
+    key, equals, value = was.partition("=")
+    return bool(equals) and now.startswith(f"{key}=") and _same_file(value, now[len(key) + 1 :])
+
+
+def _same_file(first: str, second: str) -> bool:
+    one, other = Path(first).expanduser(), Path(second).expanduser()
+    return one.exists() and other.exists() and one.resolve() == other.resolve()
 
 
 def _flat_differences(prefix: str, was: Any, now: Any) -> Iterator[tuple[str, Any, Any]]:

@@ -69,13 +69,35 @@ def check_options(
             f"{list(trained)}: score with a model trained for {target!r} "
             f"(training.behavior_weights={{{target}: 1}}) or drop the rule"
         )
-    output = retrieval.get("output") or {}
-    check_formats(output.get("formats", ["parquet"]))
-    if output.get("path"):
-        check_output_path(output["path"])
+    check_output(retrieval.get("output") or {})
     parse_instant(retrieval.get("as_of"), option="retrieval.as_of")
     pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
     return options, rules
+
+
+OUTPUT_KEYS = ("path", "formats", "overwrite")
+
+
+def check_output(output: Mapping[str, Any]) -> None:
+    """``retrieval.output``: no unknown key (a misspelt ``overwite=true`` would be ignored), a
+    path, the formats, and ``overwrite`` true or false (any text would otherwise count as
+    true and replace another job's output)."""
+    unknown = sorted(set(output) - set(OUTPUT_KEYS))
+    if unknown:
+        raise ValueError(
+            f"retrieval.output has unknown keys {unknown}; allowed: {list(OUTPUT_KEYS)}"
+        )
+    if "path" in output and not output["path"]:
+        raise ValueError(
+            f"retrieval.output.path={output['path']!r}: give the folder the recommendations go to"
+        )
+    check_formats(output.get("formats", ["parquet"]))
+    if output.get("path"):
+        check_output_path(output["path"])
+    if not isinstance(output.get("overwrite", False), bool):
+        raise ValueError(
+            f"retrieval.output.overwrite={output['overwrite']!r} must be true or false"
+        )
 
 
 def settings(retrieval: Mapping[str, Any] | None, model: LoadedModel):

@@ -6,6 +6,7 @@ import inspect
 import logging
 import os
 import pickle
+import re
 import shutil
 import signal
 import uuid
@@ -33,6 +34,7 @@ from recsys.config import check_required, event_schema, to_container
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.options import time_buckets
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
+from recsys.data.validate import check_number
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
 from recsys.model.interface import check_encoder
@@ -68,12 +70,21 @@ def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
         prepared_dir,
         max_seq_len=cfg.data.max_seq_len,
         seed=cfg.seed,
-        partners=same_target_partners(
-            cfg.training.get("contrastive_weight", 0.0),
-            cfg.training.get("contrastive_positive", "dropout"),
-        ),
-        **to_container(cfg.data.loader),
+        partners=_partners(cfg),
+        **_loader(cfg),
     )
+
+
+def _partners(cfg: DictConfig) -> bool:
+    return same_target_partners(
+        cfg.training.get("contrastive_weight", 0.0),
+        cfg.training.get("contrastive_positive", "dropout"),
+    )
+
+
+def _loader(cfg: DictConfig) -> dict[str, Any]:
+    """``data.loader`` (null: every loader default)."""
+    return dict(to_container(cfg.data.get("loader")) or {})
 
 
 def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Module:
@@ -108,7 +119,8 @@ def build_callbacks(cfg: DictConfig) -> dict[str, pl.Callback]:
         extra = {}
         if key == "weight_averaging" and "use_buffers" not in settings:
             extra["use_buffers"] = False
-        callbacks[key] = instantiate(settings, **extra)
+        with _naming_group(f"callbacks.{key}"):
+            callbacks[key] = instantiate(settings, **extra)
     return callbacks
 
 
@@ -279,8 +291,14 @@ def _naming_keys(group: str, settings: DictConfig) -> Iterator[None]:
     sets (``model.num_heads=0 ...``), without Hydra's instantiation wrapper around it."""
     try:
         yield
-    except (ValueError, InstantiationException) as err:
-        cause = err if isinstance(err, ValueError) else err.__cause__
+    except (ValueError, TypeError, InstantiationException) as err:  # (TypeError: a partial's)
+        cause = err if isinstance(err, (ValueError, TypeError)) else err.__cause__
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
+        if isinstance(cause, TypeError) and unknown and unknown[1] in settings:
+            raise ValueError(
+                f"{group}.{unknown[1]} is not an option of {settings.get('_target_')}: check "
+                f"its spelling, or drop it (the options: conf/{group}/)"
+            ) from cause
         if not isinstance(cause, ValueError):
             raise
         message = str(cause)
@@ -309,7 +327,12 @@ def trained_targets(cfg: DictConfig, behaviors: Sequence[str]) -> list[str]:
     weights = cfg.training.get("behavior_weights") or {}
     if not weights:
         return list(behaviors)
-    return [b for b in behaviors if float(weights.get(b, 0)) > 0]
+    # (a weight that is no number is refused by the training module, by its key)
+    return [b for b in behaviors if _positive(weights.get(b, 0))]
+
+
+def _positive(weight: object) -> bool:
+    return isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0
 
 
 def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> None:
@@ -548,7 +571,7 @@ def check_settings(cfg: DictConfig) -> None:
     checked before any work: ``data.loader``'s sizes, the seed, ``trainer.max_epochs`` and each
     callback's ``patience``. (What a monitor names is checked by :class:`CheckMonitors` once
     validation has logged its metrics.)"""
-    check_loader(**to_container(cfg.data.loader))
+    check_loader(_partners(cfg), **_loader(cfg))
     if cfg.get("init_from") is not None and cfg.get("resume") is not None:
         raise ValueError(
             "init_from and resume are both set: resume continues an interrupted run (weights, "
@@ -569,6 +592,22 @@ def check_settings(cfg: DictConfig) -> None:
         raise ValueError(
             "trainer.max_epochs=0 trains nothing, so there is no checkpoint to select: set it "
             ">= 1 (early stopping usually ends training sooner) or -1 (no limit)"
+        )
+    trainer = cfg.trainer or {}
+    if trainer.get("gradient_clip_val") is not None:  # torch scales by a negative one: ascent
+        check_number(
+            "trainer.gradient_clip_val",
+            trainer.gradient_clip_val,
+            minimum=0,
+            why=" (the largest gradient norm; 0 or null: no clipping)",
+        )
+    if trainer.get("check_val_every_n_epoch") is not None:
+        check_number(
+            "trainer.check_val_every_n_epoch",
+            trainer.check_val_every_n_epoch,
+            integer=True,
+            minimum=1,
+            why=" (validation selects the checkpoint)",
         )
     accelerator = (cfg.trainer or {}).get("accelerator")
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
@@ -591,6 +630,50 @@ def check_settings(cfg: DictConfig) -> None:
                 f"callbacks.{key}.patience={patience!r} must be a whole number >= 0: the "
                 "validations without improvement before training stops"
             )
+
+
+def check_monitored_cutoffs(cfg: DictConfig) -> None:
+    """A callback monitoring a metric at a cutoff (``val/ndcg_at_10``) that
+    ``training.metric_ks`` does not compute is refused before the data is prepared
+    (:class:`CheckMonitors` would refuse it only at the first validation)."""
+    ks = cfg.training.get("metric_ks")
+    ks = list(ks) if isinstance(ks, Sequence) and not isinstance(ks, str) else None
+    for key, callback in (cfg.callbacks or {}).items():
+        monitor = callback.get("monitor") if isinstance(callback, DictConfig) else None
+        cutoff = re.fullmatch(r"(?:val|test)/\w+_at_(\d+)", str(monitor or ""))
+        if ks is not None and cutoff and int(cutoff[1]) not in ks:
+            raise ValueError(
+                f"callbacks.{key}.monitor={monitor!r} is not a metric this run logs: its "
+                f"cutoff {cutoff[1]} is not in training.metric_ks={ks}; add it there, or "
+                "monitor a cutoff it has"
+            )
+
+
+def check_trainer_settings(cfg: DictConfig) -> None:
+    """Build the callbacks and the Trainer once (cheap: no folder, no data), so that a setting
+    Lightning refuses (``trainer.precision=33``, ``+trainer.max_epoch=3``,
+    ``callbacks.model_checkpoint.mode=maximum``) stops the job before the data is prepared."""
+    check_monitored_cutoffs(cfg)  # (after the module's check of training.metric_ks itself)
+    callbacks = build_callbacks(cfg)
+    quiet = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # its "GPU available" lines come with the real Trainer
+    try:
+        with _naming_group("trainer"):
+            instantiate(cfg.trainer, logger=False, callbacks=list(callbacks.values()))
+    finally:
+        quiet.setLevel(level)
+
+
+@contextmanager
+def _naming_group(option: str) -> Iterator[None]:
+    """What a ``_target_`` refuses (Lightning's own words), prefixed by the config key that
+    built it, without Hydra's instantiation wrapper around it."""
+    try:
+        yield
+    except InstantiationException as err:
+        cause = err.__cause__ or err
+        raise ValueError(f"{option}: {cause}") from cause
 
 
 def register_model(cfg: DictConfig, tracker: Tracker) -> str | None:
@@ -617,6 +700,7 @@ def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> Tra
     check_run_folder(cfg)
     check_settings(cfg)
     check_model_settings(cfg)
+    check_trainer_settings(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     prepared_dir = _prepared(cfg)
     datamodule = build_datamodule(cfg, prepared_dir)

@@ -160,10 +160,16 @@ class SeqRecModule(pl.LightningModule):
                 "training.objective=target_attention scores candidates one by one, so it needs "
                 "a sampled loss: training.loss=bce (ATRank), gbce or sampled_softmax"
             )
-        if rerank_top_n < 0 or rerank_loss_weight < 0:
+        if (
+            isinstance(rerank_top_n, bool)
+            or not isinstance(rerank_top_n, int)
+            or not isinstance(rerank_loss_weight, (int, float))
+            or rerank_top_n < 0
+            or not 0 <= rerank_loss_weight < math.inf
+        ):
             raise ValueError(
-                f"rerank_top_n={rerank_top_n} and rerank_loss_weight={rerank_loss_weight} "
-                "must be >= 0"
+                f"training.rerank_top_n={rerank_top_n!r} and rerank_loss_weight="
+                f"{rerank_loss_weight!r} must be >= 0 (a whole number and a finite number)"
             )
         attribute_loss_weight = _check_weight("attribute_loss_weight", attribute_loss_weight)
         contrastive_weight = _check_weight("contrastive_weight", contrastive_weight)
@@ -201,6 +207,10 @@ class SeqRecModule(pl.LightningModule):
                 f"needs training.loss=full_softmax and objective=retrieval (got {loss!r}, "
                 f"{objective!r}), or set it to 0"
             )
+        if not isinstance(shared_negatives, bool):
+            raise ValueError(
+                f"training.shared_negatives={shared_negatives!r} must be true or false"
+            )
         if not isinstance(exclude_seen_from_loss, bool):
             raise ValueError(
                 f"training.exclude_seen_from_loss={exclude_seen_from_loss!r} must be true or false"
@@ -211,8 +221,15 @@ class SeqRecModule(pl.LightningModule):
                 "input items out of the full softmax: it needs training.loss=full_softmax and "
                 f"objective=retrieval (got {loss!r}, {objective!r}), or set it to false"
             )
-        if not metric_ks or min(metric_ks) < 1:
-            raise ValueError(f"metric_ks={list(metric_ks)} must be positive cutoffs")
+        if (
+            isinstance(metric_ks, (str, int))
+            or not metric_ks
+            or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in metric_ks)
+        ):
+            raise ValueError(
+                f"training.metric_ks={metric_ks!r} must be a list of positive whole cutoffs, "
+                "e.g. [5, 10, 20]"
+            )
         if rerank_top_n and max(metric_ks) > rerank_top_n:
             raise ValueError(
                 f"max(metric_ks)={max(metric_ks)} exceeds rerank_top_n={rerank_top_n}: "
@@ -793,9 +810,10 @@ def _behavior_weights(
             f"training.behavior_weights names {unknown}, which are not behaviours of this data "
             f"{list(behaviors)}: use those names"
         )
-    if any(not isinstance(w, (int, float)) or w < 0 for w in weights.values()) or not any(
-        weights.values()
-    ):
+    if any(
+        isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < math.inf
+        for w in weights.values()
+    ) or not any(weights.values()):
         raise ValueError(
             f"training.behavior_weights={dict(weights)} must be non-negative numbers, not all 0"
         )

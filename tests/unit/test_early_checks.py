@@ -36,6 +36,40 @@ from recsys.tasks import main, prepare, train
             " data.loader.train_samples=windows",
             r"^data.time_buckets.reference=target gives",
         ),
+        # refused only after the data was prepared, or not at all, or by a raw error
+        ("data.loader.train_samples=prefix", r"^data.loader.train_samples='prefix' is not supp"),
+        ("+data.loader.batchsize=32", r"^unknown data.loader option\(s\) \['batchsize'\]"),
+        (
+            "training.contrastive_weight=0.1 training.contrastive_positive=same_target",
+            r"need data.loader.train_samples=prefixes, got 'windows'",
+        ),
+        ("+data.min_user_event=3", r"^unknown data option\(s\) \['min_user_event'\]"),
+        ("data.behaviors=[]", r"behaviors is empty"),
+        ("data.behaviors=null", r"^data.behaviors=None must be a list of names"),
+        ("data.time_buckets.unit_seconds=inf", r"^data.time_buckets.unit_seconds=inf must be a"),
+        ("trainer.precision=33", r"^trainer: Precision 33 is invalid"),
+        ("+trainer.max_epoch=3", r"^trainer: .*unexpected keyword argument 'max_epoch'"),
+        ("callbacks.model_checkpoint.mode=maximum", r"^callbacks.model_checkpoint: `mode` can"),
+        ("trainer.gradient_clip_val=-1", r"^trainer.gradient_clip_val=-1 must be a number >= 0"),
+        ("trainer.gradient_clip_val=nan", r"^trainer.gradient_clip_val=nan must be a finite"),
+        (
+            "trainer.check_val_every_n_epoch=0",
+            r"^trainer.check_val_every_n_epoch=0 must be an integer >= 1",
+        ),
+        (
+            "training.metric_ks=[5,20]",
+            r"monitor='val/ndcg_at_10' is not a metric this run logs: its cutoff 10 is not",
+        ),
+        ("training.metric_ks=10", r"^training.metric_ks=10 must be a list of positive whole"),
+        ("training.metric_ks=[a]", r"^training.metric_ks=\['a'\] must be a list"),
+        ("training.rerank_top_n=abc", r"^training.rerank_top_n='abc' and rerank_loss_weight"),
+        ("training.rerank_loss_weight=nan", r"^training.rerank_top_n=20 and rerank_loss_weight=n"),
+        ("training.shared_negatives=maybe", r"^training.shared_negatives='maybe' must be true"),
+        ("+training.behavior_weights={view:nan}", r"^training.behavior_weights=\{'view': nan\}"),
+        ("+training.behavior_weights={view:abc}", r"^training.behavior_weights=\{'view': 'abc'"),
+        ("model.ffn_multiplier=nan", r"^model.ffn_multiplier=nan gives a feed-forward width"),
+        ("+model.dropuot=0.1", r"^model.dropuot is not an option of recsys.model.atrank.ATRank"),
+        ("+training.dropuot=0.1", r"^training.dropuot is not an option of recsys.training"),
     ],
 )
 def test_model_and_training_settings_are_refused_before_preparing(
@@ -106,6 +140,9 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
             ["retrieval.index=faiss", "retrieval.faiss.ef_search=0"],
             r"retrieval.faiss.ef_search=0 must be a positive integer",
         ),
+        (["+retrieval.output.overwite=true"], r"retrieval.output has unknown keys \['overwite'\]"),
+        (["retrieval.output.overwrite=maybe"], r"retrieval.output.overwrite='maybe' must be true"),
+        (["retrieval.output.path=null"], r"retrieval.output.path=None: give the folder"),
         (
             ["+training.behavior_weights={cart: 1.0}", "retrieval.rules.target_behavior=purchase"],
             r"target_behavior='purchase', but the model is trained to predict \['cart'\]",
@@ -138,6 +175,37 @@ def test_a_reused_prepared_folder_must_come_from_the_configured_source(
     monkeypatch.chdir(tmp_path)
     relative = [*file_data, "data.source=events.parquet", f"data.prepared_dir={at}"]
     assert prepare.prepared(make_config("config", relative)) == at
+
+
+def test_a_loader_file_spelt_two_ways_is_the_same_source(make_config, tmp_path):
+    """A loader's path argument is compared as a file, as a plain path is: the folder prepared
+    from ``read_s3rec(<dir>/raw/../Beauty.txt)`` is reused for ``read_s3rec(<dir>/Beauty.txt)``
+    (they were compared as text and the folder refused as "other data settings")."""
+    (tmp_path / "raw").mkdir()
+    items = [" ".join(str(1 + (user * 7 + i) % 40) for i in range(6)) for user in range(60)]
+    lines = [f"{user + 1} {row}" for user, row in enumerate(items)]
+    (tmp_path / "Beauty.txt").write_text("\n".join(lines) + "\n")
+    data = ["data=amazon_s3rec", "data.items=null"]
+    spelt = f"data.source.path={tmp_path / 'raw' / '..' / 'Beauty.txt'}"
+    folder = prepare.run(make_config("config", [*data, spelt]), tmp_path / "prepared")
+    reuse = [*data, f"data.source.path={tmp_path / 'Beauty.txt'}", f"data.prepared_dir={folder}"]
+    assert prepare.prepared(make_config("config", reuse)) == folder
+    other = tmp_path / "Other.txt"
+    other.write_text((tmp_path / "Beauty.txt").read_text())
+    with pytest.raises(ValueError, match=r"data.source: prepared 'read_s3rec\("):
+        prepare.prepared(make_config("config", [*data, f"data.source.path={other}", reuse[-1]]))
+
+
+def test_a_missing_item_table_is_named_as_data_items(make_config, tmp_path):
+    """A missing item table was reported as "event log ... check data.source.path"."""
+    from recsys.data.io import DataError
+
+    data = ["experiment=tiny", f"+data.items={tmp_path / 'items.csv'}"]
+    with pytest.raises(
+        DataError, match=r"^item table .*items.csv does not exist: check data.items$"
+    ):
+        prepare.run(make_config("config", data), tmp_path / "prepared")
+    assert not (tmp_path / "prepared").exists()
 
 
 def test_behavior_weights_on_behaviours_no_training_target_has_are_refused(make_config):
