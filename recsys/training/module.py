@@ -240,6 +240,15 @@ class SeqRecModule(pl.LightningModule):
         teachers, distill_weight, distill_temperature = _distillation_settings(
             distillation, num_items
         )
+        if getattr(encoder, "causal", True) and not all(
+            getattr(t, "causal", True) for t in teachers
+        ):
+            raise ValueError(
+                "training.distillation: a non-causal teacher (model.causal=false) reads the "
+                "whole window, so at every position but the last its distribution would know "
+                "the next item, which this causal model trains on: distil it into a non-causal "
+                "model (model.causal=false, the last position trained), or use causal teachers"
+            )
         if teachers and (loss != "full_softmax" or objective != "retrieval"):
             raise ValueError(
                 "training.distillation matches the teachers' softmax over the catalogue: it "

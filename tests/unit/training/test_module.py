@@ -380,6 +380,14 @@ def test_distillation_adds_the_kl_to_the_teachers_averaged_distribution(exclude_
     torch.testing.assert_close(train_loss(twin, b), twin_ce)
 
 
+def test_a_non_causal_model_learns_from_non_causal_and_causal_teachers():
+    teachers = [encoder(causal=False, seed_shift=1), encoder(causal=True, seed_shift=2)]
+    m = module(encoder(causal=False), distillation={"teachers": teachers})
+    b = batch()
+    assert m._trained_positions(b)[:, :-1].sum() == 0  # the last position only: no leak
+    assert torch.isfinite(train_loss(m, b))
+
+
 def test_non_causal_encoder_trains_its_last_position_only():
     m, b = module(encoder(causal=False)), batch()
     output = m(b)
@@ -443,6 +451,10 @@ def test_non_causal_encoder_trains_its_last_position_only():
         (
             {"distillation": {"teachers": [encoder()]}, "loss": "bce", "num_negatives": 1},
             "distillation matches the teachers' softmax",
+        ),
+        (
+            {"distillation": {"teachers": [encoder(causal=False)]}},
+            "a non-causal teacher (model.causal=false) reads the whole window",
         ),
     ],
 )
