@@ -976,6 +976,17 @@ def test_a_training_starts_from_a_models_weights_and_distils_trained_teachers(
     )
     with pytest.raises(ValueError, match=r"init_from=.*model.causal True -> False"):
         train.run(wider)
+    rescaled = make_config(
+        "config",
+        [
+            *base,
+            f"paths.run_dir={tmp_path / 'rescaled'}",
+            f"init_from={ref}",
+            "model.embedding_std=0.5",
+        ],
+    )
+    with pytest.raises(ValueError, match=r"init_from=.*model.embedding_std"):
+        train.run(rescaled)
 
 
 def test_cli_overrides_and_multirun_sweep(tmp_path):
