@@ -55,6 +55,7 @@ from recsys.model.layers import (
     FFN_ACTIVATIONS,
     POSITION_ORIGINS,
     QKV_ACTIVATIONS,
+    RESERVED_WHY,
     Dropout,
     TransformerBlock,
     _check_bool,
@@ -65,6 +66,7 @@ from recsys.model.layers import (
     _check_heads,
     _check_init_std,
     _check_int,
+    _check_num_items,
     _check_optional_positive,
     _check_position_std,
     attention_mask,
@@ -212,13 +214,12 @@ class ATRank(nn.Module):
         position_std: float | None = None,
     ) -> None:
         super().__init__()
-        reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
-        num_items = _check_int("num_items", num_items, minimum=NUM_RESERVED + 1, why=reserved)
+        num_items = _check_num_items(num_items)
         num_attributes = _check_int(
-            "num_attributes", num_attributes, minimum=NUM_RESERVED, why=reserved
+            "num_attributes", num_attributes, minimum=NUM_RESERVED, why=RESERVED_WHY
         )
         num_behaviors = _check_int(
-            "num_behaviors", num_behaviors, minimum=NUM_RESERVED + 1, why=reserved
+            "num_behaviors", num_behaviors, minimum=NUM_RESERVED + 1, why=RESERVED_WHY
         )
         num_time_buckets = _check_int(
             "num_time_buckets", num_time_buckets, minimum=2, why="bucket 0 is PAD"

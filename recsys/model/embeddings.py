@@ -17,12 +17,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from recsys.model.layers import (
+    RESERVED_WHY,
     Dropout,
     LearnedPositionalEncoding,
     SinusoidalPositionalEncoding,
     _check_bool,
     _check_choice,
     _check_int,
+    _check_num_items,
     _check_optional_positive,
 )
 from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX
@@ -100,13 +102,12 @@ class BehaviorAwareEmbedding(nn.Module):
         position_std: float | None = None,
     ) -> None:
         super().__init__()
-        reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
-        self.num_items = _check_int("num_items", num_items, minimum=NUM_RESERVED + 1, why=reserved)
+        self.num_items = _check_num_items(num_items)
         self.num_attributes = _check_int(
-            "num_attributes", num_attributes, minimum=NUM_RESERVED, why=reserved
+            "num_attributes", num_attributes, minimum=NUM_RESERVED, why=RESERVED_WHY
         )
         self.num_behaviors = _check_int(
-            "num_behaviors", num_behaviors, minimum=NUM_RESERVED + 1, why=reserved
+            "num_behaviors", num_behaviors, minimum=NUM_RESERVED + 1, why=RESERVED_WHY
         )
         num_time_buckets = _check_int(
             "num_time_buckets", num_time_buckets, minimum=2, why="bucket 0 is PAD"

@@ -23,9 +23,9 @@ from torch import nn
 
 from recsys.model.embeddings import _check_embedding_std
 from recsys.model.interface import TiedItemScores
-from recsys.model.layers import Dropout, _check_dropout, _check_int
+from recsys.model.layers import Dropout, _check_dropout, _check_int, _check_num_items
 from recsys.model.outputs import EncoderOutput
-from recsys.schema import NUM_RESERVED, PAD_IDX
+from recsys.schema import PAD_IDX
 
 
 class GRU4Rec(TiedItemScores, nn.Module):
@@ -52,8 +52,7 @@ class GRU4Rec(TiedItemScores, nn.Module):
         embedding_std: float | None = None,
     ) -> None:
         super().__init__()
-        reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
-        num_items = _check_int("num_items", num_items, minimum=NUM_RESERVED + 1, why=reserved)
+        num_items = _check_num_items(num_items)
         max_seq_len = _check_int("max_seq_len", max_seq_len)
         d_model = _check_int("d_model", d_model)
         if hidden_size is not None:

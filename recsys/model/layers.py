@@ -32,6 +32,14 @@ def _check_int(name: str, value: object, *, minimum: int = 1, why: str = "") -> 
     return int(value)
 
 
+RESERVED_WHY = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
+
+
+def _check_num_items(value: object) -> int:
+    """``num_items``: the vocabulary size, PAD (0) and UNK (1) included, so at least 3."""
+    return _check_int("num_items", value, minimum=NUM_RESERVED + 1, why=RESERVED_WHY)
+
+
 def _check_dropout(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
         raise ValueError(f"{name}={value!r} is invalid: pass a probability in [0, 1), e.g. 0.1")

@@ -36,12 +36,13 @@ from recsys.model.layers import (
     _check_heads,
     _check_init_std,
     _check_int,
+    _check_num_items,
     _check_position_std,
     attention_mask,
     init_linear_layers,
 )
 from recsys.model.outputs import EncoderOutput
-from recsys.schema import NUM_RESERVED, PAD_IDX
+from recsys.schema import PAD_IDX
 
 
 class SASRec(TiedItemScores, nn.Module):
@@ -82,8 +83,7 @@ class SASRec(TiedItemScores, nn.Module):
         item_attribute_width: int | None = None,
     ) -> None:
         super().__init__()
-        reserved = "indices 0 (PAD) and 1 (UNK) are reserved; pass the vocabulary size"
-        num_items = _check_int("num_items", num_items, minimum=NUM_RESERVED + 1, why=reserved)
+        num_items = _check_num_items(num_items)
         max_seq_len = _check_int("max_seq_len", max_seq_len)
         d_model = _check_int("d_model", d_model)
         num_heads = _check_int("num_heads", num_heads)
