@@ -175,11 +175,17 @@ def check_model_settings(cfg: DictConfig) -> None:
     check_time_reference(cfg, encoder, module.objective)
 
 
-def _distillation(cfg: DictConfig, load: Callable[[str], torch.nn.Module]) -> dict | None:
+def _distillation(cfg: DictConfig, load: Callable[[str], Any]) -> dict | None:
     """``training.distillation`` with each teacher reference loaded by ``load``."""
     settings = to_container(cfg.training.get("distillation"))
     if not settings:
         return None
+    if not isinstance(settings, dict):  # (a teacher given as the whole setting, true, ...)
+        raise ValueError(
+            f"training.distillation={settings!r} must be null or a mapping, e.g. "
+            "'training.distillation={teachers: [<checkpoint | run id | name@alias>], weight: "
+            "1.0, temperature: 1.0}'"
+        )
     teachers = settings.get("teachers")
     if isinstance(teachers, str):  # one reference given as a string, not a list
         teachers = [teachers]
@@ -191,15 +197,49 @@ def _distillation(cfg: DictConfig, load: Callable[[str], torch.nn.Module]) -> di
     return {**settings, "teachers": [load(str(ref)) for ref in teachers or []]}
 
 
-def reference_model(
-    option: str, ref: str, cfg: DictConfig, datamodule: SeqRecDataModule
-) -> LoadedModel:
-    """The trained model ``ref`` (a checkpoint path, MLflow run id or ``<name>@<alias>``) that
-    ``option`` names, refused unless it was trained on this run's training data (the same
-    vocabulary, training counts included: another split or log gives another) with its window
-    and time buckets, so that it reads this run's batches as it was trained to. (Not the data
-    fingerprint, which also changes with settings that leave every training row as it was.)"""
-    model, _ = load_model(ref, cfg.logger, option)
+TEACHERS = "training.distillation.teachers"
+
+
+@dataclass
+class Reference:
+    """A trained model that a setting names: the reference as given, the model, and how it
+    was found (:func:`recsys.tracking.load_model`'s tags: uri, registered version, run id)."""
+
+    ref: str
+    model: LoadedModel
+    tags: dict[str, str]
+
+    def run_tags(self, prefix: str) -> dict[str, str]:
+        """``prefix``: the reference as given; ``prefix.uri`` / ``.version`` / ``.run_id``: what
+        it named when this run started (an alias moves; a run records which model it used)."""
+        found = {f"{prefix}.{k.removeprefix('model.')}": v for k, v in self.tags.items()}
+        return {prefix: self.ref, **found}
+
+
+def load_references(cfg: DictConfig) -> tuple[Reference | None, dict | None]:
+    """``init_from``'s model and ``training.distillation`` with its teachers loaded, before
+    the data is prepared (as evaluate and score load their model first), so that a reference
+    that names no model is refused before that work; :func:`reference_model` checks each
+    against the data once it is prepared."""
+
+    def load(option: str, ref: str) -> Reference:
+        return Reference(str(ref), *load_model(str(ref), cfg.logger, option))
+
+    initial = cfg.get("init_from")
+    return (
+        None if initial is None else load("init_from", initial),
+        _distillation(cfg, lambda ref: load(TEACHERS, ref)),
+    )
+
+
+def reference_model(option: str, reference: Reference, datamodule: SeqRecDataModule) -> LoadedModel:
+    """The trained model of ``reference`` (a checkpoint path, MLflow run id or
+    ``<name>@<alias>``) that ``option`` names, refused unless it was trained on this run's
+    training data (the same vocabulary, training counts included: another split or log gives
+    another) with its window and time buckets, so that it reads this run's batches as it was
+    trained to. (Not the data fingerprint, which also changes with settings that leave every
+    training row as it was.)"""
+    model, ref = reference.model, reference.ref
     differences = [
         (what, was, now)
         for what, was, now in (
@@ -224,14 +264,17 @@ def reference_model(
 FREE_WHEN_INITIALISED = frozenset({"dropout", "init_std"})
 
 
-def initialise_from(cfg: DictConfig, encoder: torch.nn.Module, datamodule) -> str | None:
-    """``init_from``: start this training from another model's weights (same data, same model
-    settings but :data:`FREE_WHEN_INITIALISED`; the training settings may differ). A new run
-    with a fresh optimiser, unlike ``resume``. Returns the reference (``None``: not set)."""
-    ref = cfg.get("init_from")
-    if ref is None:
+def initialise_from(
+    reference: Reference | None, encoder: torch.nn.Module, datamodule
+) -> Reference | None:
+    """``init_from`` (loaded by :func:`load_references`): start this training from another
+    model's weights (same data, same model settings but :data:`FREE_WHEN_INITIALISED`; the
+    training settings may differ). A new run with a fresh optimiser, unlike ``resume``.
+    Returns ``reference`` (``None``: not set)."""
+    if reference is None:
         return None
-    model = reference_model("init_from", str(ref), cfg, datamodule)
+    ref = reference.ref
+    model = reference_model("init_from", reference, datamodule)
     source = model.encoder
     if type(source) is not type(encoder):
         raise ValueError(
@@ -259,7 +302,7 @@ def initialise_from(cfg: DictConfig, encoder: torch.nn.Module, datamodule) -> st
             "settings it was trained with"
         ) from err
     log.info("initialised the model from %s", ref)
-    return str(ref)
+    return reference
 
 
 def check_time_reference(cfg: DictConfig, encoder: torch.nn.Module, objective: str) -> None:
@@ -703,15 +746,18 @@ def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> Tra
     check_model_settings(cfg)
     check_trainer_settings(cfg)
     pl.seed_everything(cfg.seed, workers=True)
+    initial, distillation = load_references(cfg)  # a reference to nothing: before preparing
     prepared_dir = _prepared(cfg)
     datamodule = build_datamodule(cfg, prepared_dir)
     check_weighted_targets(cfg, datamodule)
     encoder = build_encoder(cfg, datamodule)
-    initialised = initialise_from(cfg, encoder, datamodule)
-    distillation = _distillation(
-        cfg,
-        lambda ref: reference_model("training.distillation.teachers", ref, cfg, datamodule).encoder,
-    )
+    initialised = initialise_from(initial, encoder, datamodule)
+    teachers = [] if distillation is None else distillation["teachers"]
+    if distillation is not None:
+        distillation = {
+            **distillation,
+            "teachers": [reference_model(TEACHERS, t, datamodule).encoder for t in teachers],
+        }
     # a partial, so the (large, plain) checkpoint_extra is not copied into an OmegaConf node
     module = instantiate(cfg.training, _partial_=True)(
         encoder=encoder,
@@ -735,7 +781,9 @@ def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> Tra
             {"data.fingerprint": datamodule.stats["fingerprint"], "task": cfg.task_name}
         )
         if initialised is not None:
-            tracker.set_tags({"train.initialised_from": initialised})
+            tracker.set_tags(initialised.run_tags("train.initialised_from"))
+        for i, teacher in enumerate(teachers):
+            tracker.set_tags(teacher.run_tags(f"train.teacher.{i}"))
         if resume is not None:
             tracker.set_tags({"train.resumed_from": str(resume)})
             log.info("resuming training from %s", resume)

@@ -59,6 +59,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import pytorch_lightning as pl
@@ -287,8 +288,11 @@ class SeqRecModule(pl.LightningModule):
         self.contrastive_weight = contrastive_weight
         self.contrastive_temperature = float(contrastive_temperature)
         self.partners = same_target_partners(contrastive_weight, contrastive_positive)
-        # a plain list, so the teachers are neither trained, averaged nor saved with the model
-        self._teachers: list[nn.Module] = [t.eval().requires_grad_(False) for t in teachers]
+        # a plain list, so the teachers are neither trained, averaged nor saved with the model;
+        # shared, not copied, by a deepcopy of the module (weight averaging's AveragedModel)
+        self._teachers: list[nn.Module] = _Teachers(
+            t.eval().requires_grad_(False) for t in teachers
+        )
         self.distill_weight = distill_weight
         self.distill_temperature = distill_temperature
         self.seen_items = seen_items
@@ -431,6 +435,7 @@ class SeqRecModule(pl.LightningModule):
         )
 
     def training_step(self, batch: SeqBatch, batch_idx: int) -> torch.Tensor:
+        unmasked = batch  # what the teachers read: input masking augments the student only
         if self.input_mask_prob > 0:
             batch = self._mask_inputs(batch)
         output = self(batch)
@@ -446,7 +451,11 @@ class SeqRecModule(pl.LightningModule):
         auxiliary = (
             ("attribute_loss", self.attribute_loss_weight, self._attribute_loss),
             ("contrastive_loss", self.contrastive_weight, self._contrastive_loss),
-            ("distillation_loss", self.distill_weight, self._distillation_loss),
+            (
+                "distillation_loss",
+                self.distill_weight,
+                partial(self._distillation_loss, teacher_batch=unmasked),
+            ),
         )
         for name, weight, compute in auxiliary:
             if weight > 0:
@@ -505,10 +514,19 @@ class SeqRecModule(pl.LightningModule):
         for teacher in self._teachers:
             teacher.to(self.device)
 
-    def _distillation_loss(self, output, batch: SeqBatch, trained: torch.Tensor) -> torch.Tensor:
+    def _distillation_loss(
+        self,
+        output,
+        batch: SeqBatch,
+        trained: torch.Tensor,
+        teacher_batch: SeqBatch | None = None,
+    ) -> torch.Tensor:
         """``losses.distillation`` of the trained positions against the teachers' averaged
         log-probabilities (a product of experts, renormalised), both over the same items (with
-        ``exclude_seen_from_loss`` each position's earlier items are left out of both)."""
+        ``exclude_seen_from_loss`` each position's earlier items are left out of both). The
+        teachers read ``teacher_batch`` (the batch before ``input_mask_prob`` masked it: their
+        distribution is that of the real history), else ``batch``."""
+        teacher_batch = batch if teacher_batch is None else teacher_batch
         earlier = earlier_items(batch, trained) if self.exclude_seen_from_loss else None
         temperature = self.distill_temperature
 
@@ -519,9 +537,10 @@ class SeqRecModule(pl.LightningModule):
             return logits
 
         with torch.no_grad():
+            inputs = teacher_batch.model_inputs()
             teacher = torch.stack(
                 [
-                    torch.log_softmax(scores(t, t(*batch.model_inputs()).hidden) / temperature, -1)
+                    torch.log_softmax(scores(t, t(*inputs).hidden) / temperature, -1)
                     for t in self._teachers
                 ]
             ).mean(0)
@@ -737,6 +756,15 @@ def _check_weight(option: str, value: object) -> float:
 
 
 DISTILLATION_KEYS = ("teachers", "weight", "temperature")
+
+
+class _Teachers(list):
+    """The frozen teacher encoders: a list that ``copy.deepcopy`` shares instead of copying,
+    so that weight averaging (torch's ``AveragedModel`` deep-copies the whole module) does not
+    hold a second copy of every teacher."""
+
+    def __deepcopy__(self, memo: dict) -> _Teachers:
+        return self
 
 
 def _distillation_settings(

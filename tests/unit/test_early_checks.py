@@ -70,6 +70,9 @@ from recsys.tasks import main, prepare, train
         ("model.ffn_multiplier=nan", r"^model.ffn_multiplier=nan gives a feed-forward width"),
         ("+model.dropuot=0.1", r"^model.dropuot is not an option of recsys.model.atrank.ATRank"),
         ("+training.dropuot=0.1", r"^training.dropuot is not an option of recsys.training"),
+        # a teacher given as the whole setting: named, not an AttributeError on str.get
+        ("training.distillation=teacher.ckpt", r"^training.distillation='teacher.ckpt' must be"),
+        ("training.distillation=true", r"^training.distillation=True must be null or a mapping"),
     ],
 )
 def test_model_and_training_settings_are_refused_before_preparing(
@@ -347,3 +350,48 @@ def test_a_gpu_trainer_on_a_machine_without_one_is_refused_before_preparing(
     cfg = make_config("config", ["experiment=tiny", "logger=none", "trainer=gpu"])
     with pytest.raises(ValueError, match=r"^trainer.accelerator=gpu: this machine has no CUDA"):
         train.run(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "message"),
+    [
+        ("init_from=missing.ckpt", FileNotFoundError, r"^init_from='missing.ckpt': no such"),
+        (
+            "training.distillation={teachers:[missing.ckpt]}",
+            FileNotFoundError,
+            r"^training.distillation.teachers='missing.ckpt': no such checkpoint",
+        ),
+        (
+            "training.distillation={teachers:[recs@champion]}",
+            ValueError,
+            r"^training.distillation.teachers='recs@champion' names an MLflow .* tracking is off",
+        ),
+    ],
+)
+def test_a_reference_to_no_model_is_refused_before_preparing(
+    make_config, monkeypatch, override, error, message
+):
+    """init_from and the distillation teachers are loaded before the data is prepared (as
+    evaluate and score load their model first): a misspelt path or a registry name without
+    tracking was refused only once the data had been prepared."""
+
+    def no_preparing(*args, **kwargs):
+        raise AssertionError("the data was prepared before the references were loaded")
+
+    monkeypatch.setattr(prepare, "run", no_preparing)
+    cfg = make_config("config", ["experiment=tiny", "logger=none", override])
+    with pytest.raises(error, match=message):
+        train.run(cfg)
+
+
+def test_a_reference_is_tagged_with_the_model_it_named():
+    """name@alias moves: the run records which version and run the alias named when it
+    started (init_from's and each teacher's), not only the reference as given."""
+    found = {"model.uri": "recs@champion", "model.version": "7", "model.run_id": "abc"}
+    reference = train.Reference("recs@champion", model=None, tags=found)
+    assert reference.run_tags("train.teacher.0") == {
+        "train.teacher.0": "recs@champion",
+        "train.teacher.0.uri": "recs@champion",
+        "train.teacher.0.version": "7",
+        "train.teacher.0.run_id": "abc",
+    }

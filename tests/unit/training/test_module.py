@@ -380,6 +380,43 @@ def test_distillation_adds_the_kl_to_the_teachers_averaged_distribution(exclude_
     torch.testing.assert_close(train_loss(twin, b), twin_ce)
 
 
+def test_distillation_teachers_read_the_batch_before_input_masking():
+    """input_mask_prob augments the student's input; the teachers' distribution is that of the
+    real history (a teacher fed the masked history would teach a corrupted target)."""
+    student, teacher = encoder(), encoder(seed_shift=1)
+    m = module(student, distillation={"teachers": [teacher]}, input_mask_prob=0.5)
+    b = batch()
+    torch.manual_seed(3)
+    masked = m._mask_inputs(b)
+    assert not torch.equal(masked.item, b.item)
+    trained = m._trained_positions(masked)
+
+    def logits(enc, inputs):
+        return enc.score_items(enc(*inputs.model_inputs()).hidden[trained])
+
+    with torch.no_grad():
+        taught = torch.log_softmax(logits(teacher, b), -1)
+    student_logits = logits(student, masked)
+    ce = torch.nn.functional.cross_entropy(student_logits, masked.target_item[trained])
+    expected = ce + losses.distillation(student_logits, taught)
+    torch.manual_seed(3)
+    torch.testing.assert_close(train_loss(m, b), expected)
+
+
+def test_a_deep_copy_of_the_module_shares_its_frozen_teachers():
+    """Weight averaging deep-copies the whole module (torch's AveragedModel): the teachers,
+    neither trained nor averaged, are shared, not held twice."""
+    from torch.optim.swa_utils import AveragedModel
+
+    teachers = [encoder(seed_shift=1), encoder(seed_shift=2)]
+    m = module(encoder(), distillation={"teachers": teachers})
+    copied = copy.deepcopy(m)
+    assert copied.encoder is not m.encoder
+    assert all(a is b for a, b in zip(copied._teachers, teachers, strict=True))
+    averaged = AveragedModel(m, use_buffers=False)
+    assert all(a is b for a, b in zip(averaged.module._teachers, teachers, strict=True))
+
+
 def test_a_non_causal_model_learns_from_non_causal_and_causal_teachers():
     teachers = [encoder(causal=False, seed_shift=1), encoder(causal=True, seed_shift=2)]
     m = module(encoder(causal=False), distillation={"teachers": teachers})
