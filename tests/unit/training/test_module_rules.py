@@ -11,27 +11,15 @@ import pytest
 import torch
 
 from recsys.data.batch import SeqBatch
-from recsys.model.layers import never_recommended
-from recsys.model.outputs import EncoderOutput
 from recsys.training.module import SeqRecModule
+from tests.unit.training.test_module import _ByIndex as ByIndex
 
 NUM_ITEMS = 30
 
 
-class _ByIndex(torch.nn.Module):
-    """Retrieval scores every item by its index (item 2 lowest of the real items); the
-    target-attention head scores by minus the index, the reverse order."""
-
-    num_items = NUM_ITEMS
-    config: dict = {}
-
-    def forward(self, item, behavior, time_bucket, padding_mask, query_time_bucket=None):
-        hidden = torch.ones(*item.shape, 1)
-        return EncoderOutput(hidden=hidden, query=hidden[:, -1], padding_mask=padding_mask)
-
-    def score_items(self, query):
-        scores = torch.arange(self.num_items, dtype=torch.float32).expand(len(query), -1)
-        return scores + never_recommended(self.num_items)
+class _ByIndex(ByIndex):
+    """test_module's ``_ByIndex`` (retrieval scores every item by its index, item 2 lowest of
+    the real items) whose target-attention head scores by minus the index, the reverse order."""
 
     def rerank_scores(self, output, candidates):
         return -candidates.float()
