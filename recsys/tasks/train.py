@@ -137,7 +137,17 @@ def _encoder(cfg: DictConfig, **sizes: int) -> torch.nn.Module:
     if parameters and all(p.kind is not p.VAR_KEYWORD for p in parameters):
         taken = {p.name for p in parameters}
         sizes = {name: size for name, size in sizes.items() if name in taken}
-    encoder = instantiate(cfg.model, **sizes, max_seq_len=cfg.data.max_seq_len)
+    try:
+        encoder = instantiate(cfg.model, **sizes, max_seq_len=cfg.data.max_seq_len)
+    except InstantiationException as err:
+        if "can't allocate memory" not in str(err.__cause__):
+            raise
+        shown = ", ".join(f"{name}={size}" for name, size in sizes.items())
+        raise MemoryError(
+            f"the model {cfg.model._target_} does not fit in memory with "
+            f"data.max_seq_len={cfg.data.max_seq_len} (built with {shown}): lower "
+            f"data.max_seq_len or the model's width ({err.__cause__})"
+        ) from err.__cause__
     check_encoder(encoder)
     return encoder
 
@@ -171,8 +181,39 @@ def check_model_settings(cfg: DictConfig) -> None:
             # the trial encoder stands in for each teacher (they are loaded with the data)
             distillation=_distillation(cfg, lambda ref: encoder),
         )
-        module.optimizer_factory(params=module.parameters())  # torch's checks (betas, eps)
+        _check_optimisation(module)
     check_time_reference(cfg, encoder, module.objective)
+
+
+def _check_optimisation(module: Any) -> None:
+    """``training.optimizer`` and ``training.scheduler`` built on the trial module (torch's
+    checks: betas, eps) and stepped three times, so that ``training.optimizer=null``, a
+    scheduler that is not a partial, and one that fails on its first steps (``StepLR`` with
+    ``step_size: 0``) are refused now, naming the key, not after the data is prepared."""
+    for key, factory in (
+        ("optimizer", module.optimizer_factory),
+        ("scheduler", module.scheduler_factory),
+    ):
+        if not callable(factory) and not (key == "scheduler" and factory is None):
+            shown = "null" if factory is None else repr(factory)
+            raise ValueError(
+                f"training.{key}={shown} must be a partial (e.g. training.{key}="
+                f"{{_target_: <class>, _partial_: true, ...}}; conf/training/default.yaml)"
+                + (", or null for none" if key == "scheduler" else "")
+            )
+    built = module.optimization(steps_per_epoch=lambda: 10)
+    if not isinstance(built, dict):  # no schedule
+        return
+    optimizer, scheduler = built["optimizer"], built["lr_scheduler"]["scheduler"]
+    try:
+        for _ in range(3):
+            optimizer.step()  # no gradients yet: the parameters stay as they are
+            scheduler.step()
+    except (ArithmeticError, ValueError, TypeError) as err:
+        raise ValueError(
+            f"training.scheduler fails on its first steps ({type(err).__name__}: {err}): check "
+            "its settings"
+        ) from err
 
 
 def _distillation(cfg: DictConfig, load: Callable[[str], Any]) -> dict | None:

@@ -698,12 +698,17 @@ class SeqRecModule(pl.LightningModule):
     def configure_optimizers(self):
         if self.optimizer_factory is None:
             raise ValueError("this module was built for evaluation only (optimizer=None)")
+        return self.optimization(steps_per_epoch=self._steps_per_epoch)
+
+    def optimization(self, *, steps_per_epoch: Callable[[], int]) -> Any:
+        """The optimiser, with the schedule (stepped once per optimiser step) where one is
+        set; ``steps_per_epoch`` is asked only by a schedule set in epochs."""
         optimizer = self.optimizer_factory(params=self.parameters())
         if self.scheduler_factory is None:
             return optimizer
         extra = {}
         if "steps_per_epoch" in inspect.signature(self.scheduler_factory).parameters:
-            extra["steps_per_epoch"] = self._steps_per_epoch()
+            extra["steps_per_epoch"] = steps_per_epoch()
         scheduler = self.scheduler_factory(optimizer=optimizer, **extra)
         return {
             "optimizer": optimizer,

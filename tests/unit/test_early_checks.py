@@ -73,6 +73,12 @@ from recsys.tasks import main, prepare, train
         # a teacher given as the whole setting: named, not an AttributeError on str.get
         ("training.distillation=teacher.ckpt", r"^training.distillation='teacher.ckpt' must be"),
         ("training.distillation=true", r"^training.distillation=True must be null or a mapping"),
+        ("training.optimizer=null", r"^training.optimizer=null must be a partial"),
+        ("training.scheduler=5", r"^training.scheduler=5 must be a partial .* or null for none"),
+        (
+            "training.scheduler={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:0}",
+            r"^training.scheduler fails on its first steps \(ZeroDivisionError",
+        ),
     ],
 )
 def test_model_and_training_settings_are_refused_before_preparing(
@@ -99,12 +105,30 @@ def test_model_and_training_settings_are_refused_before_preparing(
         ["data.time_buckets.reference=target", "data.loader.train_samples=prefixes"],
         ["data.time_buckets.reference=target", "model=sasrec"],
         ["model=atrank_faithful", "model.causal=true"],  # target_attention: the last position
+        [
+            "training.scheduler={_target_:recsys.training.schedules.warmup_cosine,"
+            "_partial_:true,epochs:5,warmup_epochs:1}"
+        ],
+        [
+            "training.scheduler={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:2}"
+        ],
     ],
 )
 def test_the_trial_build_takes_the_shipped_settings(make_config, overrides):
     """No false refusal: the presets and losses pass the trial build (its catalogue of
     TRIAL_ITEMS items is larger than any bound a setting has on it)."""
     train.check_model_settings(make_config("config", ["experiment=tiny", *overrides]))
+
+
+def test_a_model_too_large_for_memory_names_the_window(make_config, monkeypatch):
+    """An absurd window: the position table cannot be allocated (1e15 rows, past any address
+    space), refused as a MemoryError naming data.max_seq_len, before the data is prepared."""
+    monkeypatch.setattr(prepare, "run", lambda *a, **k: pytest.fail("prepared first"))
+    cfg = make_config(
+        "config", ["experiment=tiny", "logger=none", "data.max_seq_len=1000000000000000"]
+    )
+    with pytest.raises(MemoryError, match=r"does not fit in memory with data.max_seq_len=10+ \("):
+        train.run(cfg)
 
 
 def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_path):
