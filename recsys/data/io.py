@@ -6,6 +6,8 @@ Everything comes out as a ``pl.LazyFrame`` whose columns carry recsys' canonical
 
 from __future__ import annotations
 
+import glob
+import gzip
 import logging
 import os
 from collections.abc import Mapping
@@ -19,7 +21,9 @@ from recsys.schema import ATTRIBUTES, CANONICAL_COLUMNS, CATEGORY, ITEM, TIMESTA
 log = logging.getLogger(__name__)
 
 EventSource = str | os.PathLike | pl.DataFrame | pl.LazyFrame | pd.DataFrame
-SUPPORTED_SUFFIXES = (".csv", ".parquet", ".pq")
+SUPPORTED_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
+# a CSV whose header holds none of these but commas is read with the one it holds
+CSV_SEPARATORS = (";", "\t", "|")
 # the first bytes of files that are not text, whatever their name says
 NOT_TEXT = {
     b"PAR1": "a Parquet file",
@@ -41,10 +45,27 @@ def describe_source(source: EventSource) -> str:
     return f"<in-memory {type(source).__module__.split('.')[0]} frame>"
 
 
-def _warn_on_mixed_types(folder: Path, files: list[Path], frames: list[pl.LazyFrame]) -> None:
+def _suffix(path: Path) -> str:
+    """A file's type as :data:`SUPPORTED_SUFFIXES` name it: ``.csv.gz`` or its last suffix."""
+    name = path.name.lower()
+    return ".csv.gz" if name.endswith(".csv.gz") else path.suffix.lower()
+
+
+def _hidden(file: Path, root: Path) -> bool:
+    """A file under ``root`` that Spark, Hive and Arrow leave out of a dataset: its name or a
+    folder's below ``root`` starts with ``_`` or ``.`` (``_temporary/``, ``.part-0.crc``)."""
+    return any(part.startswith(("_", ".")) for part in file.relative_to(root).parts)
+
+
+def _check_mixed_types(
+    folder: Path, files: list[Path], frames: list[pl.LazyFrame], columns: Mapping[str, bool]
+) -> None:
     """Files of one folder may type a column differently (a CSV whose ids are all digits next
-    to one with letters): they are read as their common supertype, and the user is told."""
+    to one with letters): they are read as their common supertype, and the user is told. An
+    id column that is text in one file and floating-point in another is refused: the common
+    type would make the id ``100`` of one file and ``100.0`` of the other two ids."""
     seen: dict[str, dict[str, str]] = {}
+    fractional: dict[str, str] = {}  # id column -> a file where it is floating-point
     for file, frame in zip(files, frames):
         try:
             schema = frame.collect_schema()
@@ -52,7 +73,16 @@ def _warn_on_mixed_types(folder: Path, files: list[Path], frames: list[pl.LazyFr
             continue  # reported with a clear message when the log is read
         for column, dtype in schema.items():
             seen.setdefault(column, {}).setdefault(str(dtype), file.name)
+            if columns.get(column) and (dtype.is_float() or isinstance(dtype, pl.Decimal)):
+                fractional.setdefault(column, file.name)
     for column, types in seen.items():
+        text = next((f for t, f in types.items() if t in ("String", "Categorical")), None)
+        if column in fractional and text:
+            raise DataError(
+                f"{folder}: id column {column!r} is text in {text} but floating-point numbers "
+                f"in {fractional[column]} ({types}), so one id would read as two ('100' and "
+                "'100.0'): export the ids with one type (cast the column to integer or text)"
+            )
         if len(types) > 1:
             log.warning(
                 "%s: column %r has different types across files %s; reading it as their "
@@ -63,29 +93,59 @@ def _warn_on_mixed_types(folder: Path, files: list[Path], frames: list[pl.LazyFr
             )
 
 
+def _scan_files(
+    source: Path, files: list[Path], root: Path, columns: Mapping[str, bool]
+) -> pl.LazyFrame:
+    """The files of a folder or glob ``source`` (under ``root``) as one LazyFrame, in name
+    order; hidden files (see :func:`_hidden`) are left out."""
+    files = [p for p in files if p.is_file() and _suffix(p) in SUPPORTED_SUFFIXES]
+    hidden = [p for p in files if _hidden(p, root)]
+    files = [p for p in files if p not in hidden]
+    if hidden:
+        log.warning(
+            "%s: leaving out %d file(s) whose name or folder starts with '_' or '.' (work files "
+            "of Spark / Hive, e.g. an unfinished write's _temporary/): %s",
+            source,
+            len(hidden),
+            [str(p.relative_to(root)) for p in hidden[:5]],
+        )
+    if not files:
+        raise DataError(
+            f"{source} {'holds' if source.is_dir() else 'matches'} no "
+            f"{'/'.join(SUPPORTED_SUFFIXES)} files"
+            + (" but hidden ones" if hidden else "")
+            + ": point data.source.path at an event log"
+        )
+    kinds = {_suffix(p).replace(".pq", ".parquet").replace(".csv.gz", ".csv") for p in files}
+    if len(kinds) > 1:
+        raise DataError(f"{source} mixes file types {sorted(kinds)}: keep one type")
+    frames = [_wanted_of(_scan_file(p, columns), p, source, columns) for p in files]
+    _check_mixed_types(source, files, frames, columns)
+    return pl.concat(frames, how="vertical_relaxed")
+
+
+def _glob_root(pattern: str) -> Path:
+    """The folder of ``pattern`` before its first wildcard."""
+    parts = Path(pattern).parts
+    fixed = parts[: next(i for i, part in enumerate(parts) if glob.has_magic(part))]
+    return Path(*fixed) if fixed else Path()
+
+
 def _scan_file(
     path: Path, columns: Mapping[str, bool], option: str = "data.source.path"
 ) -> pl.LazyFrame:
-    """A CSV / Parquet file or folder as a LazyFrame. ``columns`` names the columns wanted
+    """A CSV / Parquet file, folder or glob as a LazyFrame. ``columns`` names the columns wanted
     from a CSV, True for an id or name column (see :func:`_csv_types`); ``option`` is the
     setting that names it (``data.source`` or ``data.items``)."""
+    if not path.exists() and glob.has_magic(str(path)):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+        return _scan_files(path, files, _glob_root(str(path)), columns)
     if not path.exists():
         what = "item table" if option == "data.items" else "event log"
         raise DataError(f"{what} {path} does not exist: check {option}")
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in SUPPORTED_SUFFIXES)
-        if not files:
-            raise DataError(
-                f"folder {path} holds no {'/'.join(SUPPORTED_SUFFIXES)} files: "
-                "point data.source.path at an event log"
-            )
-        suffixes = {p.suffix.lower().replace(".pq", ".parquet") for p in files}
-        if len(suffixes) > 1:
-            raise DataError(f"folder {path} mixes file types {sorted(suffixes)}: keep one type")
-        frames = [_wanted_of(_scan_file(p, columns), p, path, columns) for p in files]
-        _warn_on_mixed_types(path, files, frames)
-        return pl.concat(frames, how="vertical_relaxed")
-    suffix = path.suffix.lower()
+        return _scan_files(path, sorted(path.rglob("*")), path, columns)
+    suffix = _suffix(path)
     if suffix not in SUPPORTED_SUFFIXES:
         raise DataError(
             f"{path}: unsupported file type {suffix or '(none)'!r}; recsys reads "
@@ -93,24 +153,57 @@ def _scan_file(
         )
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty (0 bytes): export the event log again")
-    if suffix == ".csv":
+    if suffix in (".csv", ".csv.gz"):
         with open(path, "rb") as f:
             head = f.read(8)
-        for magic, kind in {**NOT_TEXT, b"\x1f\x8b": "a gzip file (gunzip it first)"}.items():
+        not_text = {**NOT_TEXT, b"\x1f\x8b": "a gzip file"} if suffix == ".csv" else {}
+        for magic, kind in not_text.items():
             if head.startswith(magic):
-                fix = "rename it to .parquet" if magic == b"PAR1" else "convert it"
+                fix = {b"PAR1": "rename it to .parquet", b"\x1f\x8b": "rename it to .csv.gz"}
+                fix = fix.get(magic, "convert it")
                 raise DataError(f"{path} is {kind}, not CSV text despite its name: {fix}")
-        return _csv_types(pl.scan_csv(path, infer_schema=False), columns, path)
+        return _csv_types(_scan_csv(path), columns, path)
     try:
         return pl.scan_parquet(path)
     except Exception as err:  # polars raises several error types for corrupt files
         raise DataError(f"{path} is not a readable Parquet file: {err}") from err
 
 
+def _scan_csv(path: Path) -> pl.LazyFrame:
+    """A CSV file (plain or gzip) read as text, with the separator its header uses: a comma,
+    or one of :data:`CSV_SEPARATORS` in a header without commas."""
+    lf = pl.scan_csv(path, infer_schema=False)
+    try:
+        header = lf.collect_schema().names()
+    except pl.exceptions.PolarsError:
+        return lf  # no header, or unreadable: said where the columns are read
+    separator = next((s for s in CSV_SEPARATORS if len(header) == 1 and s in header[0]), None)
+    if separator is None:
+        return lf
+    log.info("%s: the header has no comma; reading the file as %r-separated", path, separator)
+    return pl.scan_csv(path, infer_schema=False, separator=separator)
+
+
+def _not_utf8(path: Path) -> str:
+    """Where ``path`` (plain or gzip) first holds bytes that are not UTF-8: for the message
+    of a failed read (polars names no line)."""
+    opener = gzip.open if _suffix(path) == ".csv.gz" else open
+    with opener(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                shown = line.rstrip(b"\r\n")[:120].decode("utf-8", "backslashreplace")
+                return f" (line {number}: {shown})"
+    return ""
+
+
 def _wanted_of(frame: pl.LazyFrame, file: Path, folder: Path, columns: Mapping[str, bool]):
     """A folder's file reduced to the wanted ``columns`` in one order: files may order their
-    columns differently or carry others besides."""
+    columns differently or carry others besides. Dates and datetimes become UTC datetimes
+    (naive = UTC), so that files with and without a time zone combine."""
     names = _available_columns(frame, str(file))
+    schema = frame.collect_schema()
     missing = [c for c in columns if c not in names]
     if missing:
         raise DataError(
@@ -118,7 +211,19 @@ def _wanted_of(frame: pl.LazyFrame, file: Path, folder: Path, columns: Mapping[s
             "Every file of the folder needs the mapped columns: fix that file or the column "
             "mapping (data.columns.*)"
         )
-    return frame.select(list(columns))
+    return frame.select(
+        _as_utc(column, schema[column])
+        if isinstance(schema[column], (pl.Datetime, pl.Date))
+        else pl.col(column)
+        for column in columns
+    )
+
+
+def _as_utc(column: str, dtype: pl.DataType) -> pl.Expr:
+    utc = pl.col(column).cast(pl.Datetime("us"))
+    if isinstance(dtype, pl.Datetime) and dtype.time_zone is not None:
+        return pl.col(column).dt.convert_time_zone("UTC").dt.cast_time_unit("us")
+    return utc.dt.replace_time_zone("UTC")
 
 
 def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.LazyFrame:
@@ -151,6 +256,12 @@ def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.
     try:
         found = lf.select(fits).collect(engine="streaming").row(0, named=True) if present else {}
     except pl.exceptions.PolarsError as err:
+        if "utf-8" in str(err):
+            raise DataError(
+                f"{path} is not UTF-8 text{_not_utf8(path)}: recsys reads UTF-8 CSV; export it "
+                "as UTF-8, or re-encode it from the encoding it was exported in (e.g. iconv -f "
+                "WINDOWS-1252 -t UTF-8)"
+            ) from err
         raise DataError(f"{path} could not be read as CSV: {err}") from err
     typed = [
         as_int[c] if found[f"int:{c}"] else as_float[c]
@@ -171,6 +282,12 @@ def _as_lazy(
     if isinstance(source, pl.DataFrame):
         return source.lazy()
     if isinstance(source, pd.DataFrame):
+        in_index = [c for c in columns if c not in source.columns and c in source.index.names]
+        if in_index:
+            raise DataError(
+                f"{name}: column(s) {in_index} are the frame's index, not columns: pass "
+                "df.reset_index()"
+            )
         # aware datetimes as UTC instants: polars takes named zones, not pandas' fixed offsets
         # (datetime64[us, UTC+05:30], what pd.to_datetime makes of "...+05:30")
         aware = [c for c in source.columns if isinstance(source[c].dtype, pd.DatetimeTZDtype)]
@@ -211,6 +328,13 @@ def _available_columns(lf: pl.LazyFrame, name: str) -> list[str]:
         ) from err
 
 
+def _like(column: str, available: list[str]) -> str:
+    """The one available column that differs from ``column`` only in case or surrounding
+    spaces (quoted), else a placeholder: the fix a missing column's message suggests."""
+    like = [a for a in available if a.strip().casefold() == column.strip().casefold()]
+    return repr(like[0]) if len(like) == 1 else "<your column>"
+
+
 def select_mapped(
     lf: pl.LazyFrame, columns: dict[str, str | None], *, name: str, option: str
 ) -> pl.LazyFrame:
@@ -223,7 +347,9 @@ def select_mapped(
     mapped = {canonical: column for canonical, column in columns.items() if column}
     missing = {c: column for c, column in mapped.items() if column not in available}
     if missing:
-        hints = ", ".join(f"{option}.{c}=<your column>" for c in missing)
+        hints = ", ".join(
+            f"{option}.{c}={_like(column, available)}" for c, column in missing.items()
+        )
         raise DataError(
             f"{name} lacks column(s) {sorted(missing.values())} "
             f"(mapped as {missing}); its columns are {available}. "

@@ -4,6 +4,7 @@ nothing; every supported way of handing over a log is read to the same canonical
 
 from __future__ import annotations
 
+import gzip
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -654,6 +655,102 @@ def test_folder_files_may_order_columns_differently_and_carry_others(tmp_path, s
             folder / f"{name}{suffix}"
         )
     assert_frame_equal(load_events(folder, EventSchema()), load_events(small_log, EventSchema()))
+
+
+@pytest.mark.parametrize(
+    ("name", "separator", "gzipped"),
+    [("log.csv", ";", False), ("log.csv", "\t", False), ("log.csv.gz", ",", True)],
+)
+def test_semicolon_tab_and_gzip_csv_read_like_a_plain_csv(
+    tmp_path, small_log, name, separator, gzipped
+):
+    """A warehouse's CSV export: ';' or tab separated (found from the header), or gzip."""
+    text = small_log.write_csv(separator=separator).encode()
+    path = tmp_path / "in" / name
+    path.parent.mkdir()
+    path.write_bytes(gzip.compress(text) if gzipped else text)
+    reference = load_events(small_log, EventSchema())
+    assert_frame_equal(load_events(path, EventSchema()), reference)
+    assert_frame_equal(load_events(path.parent, EventSchema()), reference)  # in a folder too
+
+
+def test_spark_output_folder_and_glob_leave_out_hidden_files(tmp_path, small_log):
+    """A Spark write: part files, _SUCCESS, .crc files; an unfinished attempt's _temporary/
+    parts and hidden files are not the log's rows (read, they would be extra events)."""
+    folder = tmp_path / "export"
+    (folder / "_temporary" / "0").mkdir(parents=True)
+    half = small_log.height // 2
+    small_log[:half].write_parquet(folder / "part-00000-a1.snappy.parquet")
+    small_log[half:].write_parquet(folder / "part-00001-a1.snappy.parquet")
+    small_log[:5].write_parquet(folder / "_temporary" / "0" / "part-00000-a1.snappy.parquet")
+    small_log[:5].write_parquet(folder / ".part-00002-a1.snappy.parquet")
+    (folder / "_SUCCESS").write_bytes(b"")
+    (folder / ".part-00000-a1.snappy.parquet.crc").write_bytes(b"crc")
+    reference = load_events(small_log, EventSchema())
+    assert_frame_equal(load_events(folder, EventSchema()), reference)
+    assert_frame_equal(load_events(str(folder / "part-*.parquet"), EventSchema()), reference)
+    stats, _ = prepare_dataset(
+        str(folder / "part-*.parquet"),
+        schema=EventSchema(),
+        settings=PrepareSettings(),
+        out_dir=tmp_path / "prep",
+    )
+    assert stats["rows_read"] == small_log.height
+    message = prepare_fails(tmp_path, str(folder / "nothing-*.parquet"), match="matches no")
+    assert "nothing-*.parquet" in message
+
+
+def test_parquet_parts_with_and_without_time_zone_combine(tmp_path, small_log):
+    """One part's timestamps timestamp[us, tz=UTC], another's naive timestamp[ns] (= UTC),
+    a third's dates: polars finds no common type for the first two."""
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    third = small_log.height // 3
+    small_log[:third].write_parquet(folder / "part-0.parquet")
+    naive = pl.col(TIMESTAMP).dt.replace_time_zone(None).dt.cast_time_unit("ns")
+    small_log[third : 2 * third].with_columns(naive).write_parquet(folder / "part-1.parquet")
+    dates = small_log[2 * third :].with_columns(pl.col(TIMESTAMP).dt.date())
+    dates.write_parquet(folder / "part-2.parquet")
+    midnight = small_log[2 * third :].with_columns(pl.col(TIMESTAMP).dt.truncate("1d"))
+    expected = pl.concat([small_log[: 2 * third], midnight])
+    assert_frame_equal(load_events(folder, EventSchema()), load_events(expected, EventSchema()))
+
+
+def test_text_ids_in_one_file_and_float_ids_in_another_are_refused(tmp_path, small_log):
+    """Their common type, text, would read the id 100 as '100' from one file and as '100.0'
+    from the other: two items for one."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    small_log[:10].with_columns(pl.col(ITEM).cast(pl.String)).write_parquet(folder / "a.parquet")
+    small_log[10:].with_columns(pl.col(ITEM).cast(pl.Float64)).write_parquet(folder / "b.parquet")
+    message = prepare_fails(tmp_path, folder, schema=EventSchema(), match="'item_id'")
+    assert "a.parquet" in message and "b.parquet" in message
+    assert "export the ids with one type" in message
+
+
+def test_a_csv_that_is_not_utf8_names_the_line_and_the_fix(tmp_path):
+    path = tmp_path / "in" / "log.csv"
+    path.parent.mkdir()
+    path.write_bytes((HEADER + "1,2,10,view\n3,4,11,vue d\u00e9tail\n").encode("cp1252"))
+    message = prepare_fails(tmp_path, path, match="is not UTF-8 text")
+    assert str(path) in message
+    assert "(line 3: 3,4,11,vue d\\xe9tail)" in message
+    assert "export it as UTF-8" in message and "iconv" in message
+
+
+def test_a_missing_column_suggests_the_one_differing_in_case_or_spaces(tmp_path):
+    path = write(tmp_path / "in", "log.csv", "User_ID, item_id,timestamp,event_type\n1,2,10,view\n")
+    message = prepare_fails(tmp_path, path)
+    assert "data.columns.user_id='User_ID'" in message
+    assert "data.columns.item_id=' item_id'" in message
+
+
+def test_ids_in_a_pandas_index_are_named(tmp_path):
+    frame = pd.DataFrame(
+        {USER: [1, 1], ITEM: [1, 2], TIMESTAMP: [0, 1], EVENT_TYPE: ["view"] * 2}
+    ).set_index(USER)
+    message = prepare_fails(tmp_path, frame)
+    assert "['user_id'] are the frame's index" in message and "df.reset_index()" in message
 
 
 def test_csv_ids_are_read_as_written(tmp_path):
