@@ -19,6 +19,7 @@ from torch import nn
 
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
+from recsys.model.transition import TransitionPrior
 from recsys.schema import EventSchema
 
 CHECKPOINT_KEY = "recsys"
@@ -35,6 +36,8 @@ class LoadedModel:
     path: Path
     target_behaviors: tuple[str, ...] | None = None  # what it was trained to predict; None = any
     data_fingerprint: str | None = None
+    # training.transition_prior: added to the encoder's scores by evaluation and scoring
+    transition_prior: TransitionPrior | None = None
 
 
 def checkpoint_extra(
@@ -109,7 +112,27 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             None if meta.get("target_behaviors") is None else tuple(meta["target_behaviors"])
         ),
         data_fingerprint=meta.get("data_fingerprint"),
+        transition_prior=(
+            None
+            if meta.get("transition_prior") is None
+            else TransitionPrior.from_plain(meta["transition_prior"])
+        ),
     )
+
+
+def set_transition_prior_weight(path: str | Path, weight: float) -> None:
+    """Rewrite the checkpoint at ``path`` with its transition prior's weight set to
+    ``weight`` (``training.transition_prior=auto`` chooses it after training); the file is
+    replaced whole, never left half written."""
+    path = Path(path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    prior = checkpoint[CHECKPOINT_KEY].get("transition_prior")
+    if prior is None:
+        raise ValueError(f"{path} has no transition prior to weight")
+    checkpoint[CHECKPOINT_KEY]["transition_prior"] = {**prior, "weight": float(weight)}
+    partial = path.with_name(f".{path.name}.partial")
+    torch.save(checkpoint, partial)
+    partial.replace(path)
 
 
 def write_scoring_checkpoint(checkpoint: str | Path, destination: str | Path) -> Path:
@@ -137,7 +160,13 @@ def model_digest(model: LoadedModel) -> str:
         "max_seq_len": model.max_seq_len,
         "target_behaviors": model.target_behaviors,
     }
+    if model.transition_prior is not None:  # (absent otherwise: earlier digests stay valid)
+        settings["transition_prior_weight"] = model.transition_prior.weight
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    if model.transition_prior is not None:
+        for name, tensor in model.transition_prior.counts.to_plain().items():
+            digest.update(f"transition_prior.{name}".encode())
+            digest.update(tensor.contiguous().numpy().tobytes())
     for name, tensor in sorted(model.encoder.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())

@@ -32,7 +32,8 @@ Serving contract. An export folder holds:
   target-attention re-rank head (stage 2) is not exported, so a model whose head is trained
   (``training.rerank_top_n > 0``, the target-attention objective of ``atrank_faithful``) is
   logged with a warning and marked here; its exported scores rank as scoring with
-  ``retrieval.rerank_top_n=0`` does.
+  ``retrieval.rerank_top_n=0`` does. ``transition_prior`` likewise: a model trained with
+  ``training.transition_prior`` is exported without it (logged with a warning).
 - ``vocab.json`` (only when exporting a :class:`recsys.checkpoint.LoadedModel`): what turns raw
   events into inputs and indices back into item ids: ``item_id[i - 2]`` is the id of index ``i``,
   the behaviour names (index 2, 3, ...), the time-bucket settings and the event schema.
@@ -236,6 +237,7 @@ def export_model(
 
     metadata = _metadata(encoder, config, keys, bias, max_seq_len)
     metadata["rerank_head"] = _rerank_head(encoder)
+    metadata["transition_prior"] = _transition_prior(loaded)
     if loaded is not None:
         metadata["checkpoint"] = {
             "path": str(loaded.path),
@@ -400,6 +402,21 @@ def _rerank_head(encoder: nn.Module) -> str:
         SCORING,
     )
     return "trained, not exported: scores are stage 1 only (retrieval.rerank_top_n=0)"
+
+
+def _transition_prior(model: LoadedModel | None) -> str:
+    """Whether the model's scores include a transition prior (``training.transition_prior``),
+    which is not exported: the served scores are the encoder's alone."""
+    if model is None or model.transition_prior is None:
+        return "none"
+    log.warning(
+        "%s adds a transition prior (weight %s) to its scores, which the export leaves out: "
+        "the exported scores (%s) rank like the model without it",
+        model.path,
+        model.transition_prior.weight,
+        SCORING,
+    )
+    return f"weight {model.transition_prior.weight}, not exported: scores are the encoder's alone"
 
 
 def _warn_if_zero_bucket_is_not_none(encoder: nn.Module) -> None:

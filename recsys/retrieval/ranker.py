@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from recsys.model.outputs import EncoderOutput
+from recsys.model.transition import TransitionPrior
 from recsys.schema import NUM_RESERVED
 
 
@@ -127,3 +128,35 @@ def rerank_head(
     items = torch.cat([head.gather(1, order), items[:, n:]], dim=1)
     scores = torch.cat([head_scores.gather(1, order), scores[:, n:]], dim=1)
     return items, scores
+
+
+def with_prior(
+    model: torch.nn.Module,
+    output: EncoderOutput,
+    prior: TransitionPrior,
+    last: torch.Tensor,
+    items: torch.Tensor,
+    scores: torch.Tensor,
+    *,
+    blocked: torch.Tensor | None = None,
+    exclude: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best ``D`` items by ``model score + prior`` from the model's best ``items`` (B, D)
+    with ``scores`` (B, D) (an index's search, rules applied), and the items that followed
+    each row's ``last`` item (B,). Exact: every other item gains 0, so none of them can pass
+    the D-th of the model's own. ``blocked`` (I,) bool and ``exclude`` (B, T) items keep their
+    rule for the prior's candidates too. Returns (scores, items), best first."""
+    candidates, terms = prior.candidates(last)  # (B, M)
+    valid = candidates >= NUM_RESERVED
+    if blocked is not None:
+        valid &= ~blocked[candidates]
+    if exclude is not None:
+        valid &= ~(candidates[:, :, None] == exclude[:, None, :]).any(dim=2)
+    listed = (items[:, :, None] == candidates[:, None, :]) & valid[:, None, :]  # (B, D, M)
+    scores = scores + (listed * terms[:, None, :]).sum(dim=2)  # -inf stays -inf
+    extra = model.score_candidates(output.query, candidates).float() + terms  # (B, M)
+    extra = extra.masked_fill(~valid | listed.any(dim=1), -math.inf)  # listed: counted above
+    pooled_scores = torch.cat([scores, extra], dim=1)
+    pooled_items = torch.cat([items, candidates], dim=1)
+    top, where = pooled_scores.topk(items.shape[1], dim=1)
+    return top, pooled_items.gather(1, where)

@@ -7,7 +7,9 @@ Per user, best first:
 1. **model** — users with at least ``min_history`` events of items the model knows: the user
    query vector against the item key table (:mod:`recsys.retrieval.index`), minus excluded
    items; target attention re-ranks the first ``rerank_top_n``; then at most
-   ``max_per_category`` per category.
+   ``max_per_category`` per category. A model trained with ``training.transition_prior``
+   adds it to those scores (:func:`recsys.retrieval.ranker.with_prior`: exact on top of any
+   index).
 2. **category_popularity** / **popularity** — the cold-start fallback, for users without a
    usable history and to fill lists the rules left short: items ranked first by how many of
    the user's events fall in their category, then by recent popularity
@@ -50,7 +52,7 @@ from recsys.data.dataset import SequenceStore, TargetRows
 from recsys.data.pipeline import scoring_events, scoring_sequences
 from recsys.retrieval.catalogue import ITEM_CATEGORY, Catalogue
 from recsys.retrieval.index import INDEXES, build_index, check_faiss_settings, chunked_topk
-from recsys.retrieval.ranker import rerank_head
+from recsys.retrieval.ranker import rerank_head, with_prior
 from recsys.retrieval.rules import Rules, cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, USER
 
@@ -183,6 +185,12 @@ class Recommender:
         device: torch.device | str = "cpu",
     ) -> None:
         self.model, self.data, self.rules, self.options = model, data, rules, options
+        if model.transition_prior is not None and options.rerank_top_n:
+            raise ValueError(
+                f"retrieval.rerank_top_n={options.rerank_top_n}: this model's scores include a "
+                "transition prior (training.transition_prior), which the re-rank stage would "
+                "replace for its top N: score with retrieval.rerank_top_n=0"
+            )
         self.device = torch.device(device)
         self.encoder = model.encoder.to(self.device).eval()
         catalogue = data.catalogue
@@ -266,8 +274,21 @@ class Recommender:
         output = self.encoder(*batch.model_inputs())
         exclude = self._excluded(rows)
 
+        prior = self.model.transition_prior
+
         def search(depth: int) -> tuple[torch.Tensor, torch.Tensor]:
             scores, items = self.index.search(output.query, depth, exclude)  # (B, D)
+            if prior is not None:
+                scores, items = with_prior(
+                    self.encoder,
+                    output,
+                    prior,
+                    batch.item[:, -1],
+                    items,
+                    scores,
+                    blocked=self.blocked[: self.num_model_items],
+                    exclude=exclude,
+                )
             items, scores = rerank_head(
                 self.encoder, output, items, scores, self.options.rerank_top_n
             )

@@ -22,7 +22,7 @@ from recsys.config import check_required
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
-from recsys.model.transition import Transition
+from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
 from recsys.tasks import prepare
 from recsys.tasks.train import data_arguments
 from recsys.tracking import Tracker, load_model, use_tracker
@@ -95,6 +95,91 @@ def _evaluation_module(
     )
 
 
+# the weights training.transition_prior=auto tries on validation (0: the model alone)
+PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
+def prior_arguments(prior: TransitionPrior | None) -> dict:
+    """The evaluation module's arguments for ``prior`` (None: none)."""
+    if prior is None:
+        return {"transition_prior": None}
+    return {"transition_prior": prior.weight, "transition_counts": prior.counts}
+
+
+def selection_metric(cfg: DictConfig) -> str:
+    """The validation metric that chose the checkpoint (``callbacks.model_checkpoint.monitor``,
+    e.g. ``ndcg_at_10``): what chooses the transition prior's weight too."""
+    monitor = str((cfg.get("callbacks") or {}).get("model_checkpoint", {}).get("monitor") or "")
+    if monitor.startswith("val/"):
+        return monitor.removeprefix("val/")
+    return f"ndcg_at_{headline_k(cfg.training.metric_ks)}"
+
+
+def select_transition_prior(
+    cfg: DictConfig,
+    encoder: torch.nn.Module,
+    vocab: Vocab,
+    datamodule: SeqRecDataModule,
+    counts: TransitionCounts,
+    device: torch.device,
+) -> tuple[TransitionPrior, dict[str, float]]:
+    """``training.transition_prior=auto``: the weight of :data:`PRIOR_WEIGHTS` with the best
+    validation value of :func:`selection_metric` (ties: the smaller weight), and that value
+    at every weight (``transition_prior/val_<metric>_at_<weight>``). Validation only: the
+    test targets are not read."""
+    metric = selection_metric(cfg)
+    loader = datamodule.target_loader("val")
+    values = {}
+    for weight in PRIOR_WEIGHTS:
+        module = _evaluation_module(
+            cfg,
+            encoder,
+            vocab,
+            datamodule.stats,
+            transition_prior=weight,
+            transition_counts=counts,
+        )
+        found = evaluate(module, loader, device=device, split="val", description=f"val {weight}")
+        if metric not in found:
+            raise ValueError(
+                f"the transition prior is chosen on val/{metric} (callbacks.model_checkpoint."
+                f"monitor), which evaluation does not report: monitor one of {sorted(found)}"
+            )
+        values[weight] = found[metric]
+    best = max(PRIOR_WEIGHTS, key=lambda w: (values[w], -w))
+    log.info(
+        "transition prior: weight %s (val %s by weight: %s)",
+        best,
+        metric,
+        {w: round(v, 4) for w, v in values.items()},
+    )
+    metrics = {f"transition_prior/val_{metric}_at_{w}": v for w, v in values.items()}
+    return TransitionPrior(counts, best), {**metrics, "transition_prior/weight": best}
+
+
+def _model_prior(
+    cfg: DictConfig, model, datamodule: SeqRecDataModule, device: torch.device
+) -> tuple[TransitionPrior | None, dict[str, float]]:
+    """The transition prior the model is evaluated with: the checkpoint's, unless
+    ``training.transition_prior`` says otherwise (a number: that weight; ``auto`` on a model
+    trained without one: counts from this prepared data's training sequences, the weight
+    chosen on validation). Returns the prior and the selection's metrics ({} without one)."""
+    setting, prior = cfg.training.get("transition_prior"), model.transition_prior
+    if setting is None or (setting == "auto" and prior is not None):
+        return prior, {}
+    store = datamodule.store
+    counts = (
+        prior.counts
+        if prior is not None
+        else TransitionCounts.from_sequences(
+            store.item, store.offsets, store.train_end, model.vocab.num_items
+        )
+    )
+    if setting != "auto":
+        return TransitionPrior(counts, setting), {}
+    return select_transition_prior(cfg, model.encoder, model.vocab, datamodule, counts, device)
+
+
 def run(
     cfg: DictConfig,
     checkpoint: str | Path | None = None,
@@ -136,8 +221,9 @@ def run(
     datamodule.setup()
     store, train_counts = datamodule.store, model.vocab.item_train_counts()
     stats = datamodule.stats
+    prior, prior_metrics = _model_prior(cfg, model, datamodule, device)
     candidates = {
-        "": _evaluation_module(cfg, model.encoder, model.vocab, stats),
+        "": _evaluation_module(cfg, model.encoder, model.vocab, stats, **prior_arguments(prior)),
         # one stage: popularity has nothing to re-rank with
         "popularity_": _evaluation_module(
             cfg,
@@ -145,6 +231,7 @@ def run(
             model.vocab,
             stats,
             rerank_top_n=0,
+            transition_prior=None,
         ),
         "transition_": _evaluation_module(
             cfg,
@@ -152,9 +239,10 @@ def run(
             model.vocab,
             stats,
             rerank_top_n=0,
+            transition_prior=None,
         ),
     }
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = dict(prior_metrics)
     for split in splits:
         loader = datamodule.target_loader(split)
         for prefix, module in candidates.items():
@@ -164,8 +252,21 @@ def run(
             metrics.update({f"{split}/{prefix}{k}": v for k, v in values.items()})
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
         tracker.log_metrics(metrics)
-        tracker.set_tags({**protocol_tags(cfg, datamodule), **model_tags, "task": cfg.task_name})
+        tracker.set_tags(
+            {
+                **protocol_tags(cfg, datamodule),
+                "protocol.transition_prior": (
+                    "none"
+                    if prior is None
+                    else f"weight {prior.weight} (training.transition_prior)"
+                ),
+                **model_tags,
+                "task": cfg.task_name,
+            }
+        )
     k = headline_k(cfg.training.metric_ks)
+    if prior is not None:
+        log.info("the model's scores include the transition prior at weight %s", prior.weight)
     for split in splits:
         log.info(
             "%s NDCG@%d %.4f (popularity %.4f, transition %.4f), "

@@ -28,6 +28,8 @@ from recsys.checkpoint import (
     CHECKPOINT_KEY,
     LoadedModel,
     checkpoint_extra,
+    load_checkpoint,
+    set_transition_prior_weight,
     write_scoring_checkpoint,
 )
 from recsys.config import check_required, event_schema, to_container
@@ -38,10 +40,12 @@ from recsys.data.validate import check_number
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
 from recsys.model.interface import check_encoder
+from recsys.model.transition import TransitionCounts
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, load_model, use_tracker
 from recsys.training.callbacks import CheckMonitors, TrainingClock
+from recsys.training.evaluation import pick_device
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import same_target_partners
 
@@ -404,6 +408,31 @@ def data_arguments(vocab: Vocab, stats: Mapping[str, Any]) -> dict:
         "item_counts": torch.tensor(vocab.item_train_counts(), dtype=torch.long),
         "target_shares": known_target_shares(stats),
     }
+
+
+def transition_counts(cfg: DictConfig, datamodule: SeqRecDataModule) -> TransitionCounts | None:
+    """The training sequences' item transitions when ``training.transition_prior`` is set."""
+    if cfg.training.get("transition_prior") is None:
+        return None
+    datamodule.setup()
+    store = datamodule.store
+    return TransitionCounts.from_sequences(
+        store.item, store.offsets, store.train_end, datamodule.vocab.num_items
+    )
+
+
+def choose_prior_weight(cfg: DictConfig, best: Path, datamodule: SeqRecDataModule) -> dict:
+    """``training.transition_prior=auto``: choose the prior's weight for the ``best``
+    checkpoint on validation and write it into that file; returns the choice's metrics."""
+    from recsys.tasks.evaluate import select_transition_prior  # (it imports this module)
+
+    model = load_checkpoint(best)
+    device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
+    prior, metrics = select_transition_prior(
+        cfg, model.encoder, model.vocab, datamodule, model.transition_prior.counts, device
+    )
+    set_transition_prior_weight(best, prior.weight)
+    return metrics
 
 
 def trained_targets(cfg: DictConfig, behaviors: Sequence[str]) -> list[str]:
@@ -803,6 +832,7 @@ def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> Tra
     module = instantiate(cfg.training, _partial_=True)(
         encoder=encoder,
         distillation=distillation,
+        transition_counts=transition_counts(cfg, datamodule),
         **data_arguments(datamodule.vocab, datamodule.stats),
         checkpoint_extra=checkpoint_extra(
             vocab=datamodule.vocab,
@@ -852,6 +882,8 @@ def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> Tra
         if checkpoint_cb is None or not checkpoint_cb.best_model_path:
             raise RuntimeError("training produced no checkpoint: keep callbacks.model_checkpoint")
         best = Path(checkpoint_cb.best_model_path)
+        if module.transition_prior is not None and cfg.training.transition_prior == "auto":
+            tracker.log_metrics(choose_prior_weight(cfg, best, datamodule))
         tracker.log_artifact(best, "checkpoints")
         scoring = write_scoring_checkpoint(best, best.parent / "scoring" / "model.ckpt")
         tracker.log_model(scoring)

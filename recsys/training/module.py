@@ -70,6 +70,7 @@ from torch import nn
 from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
 from recsys.model.layers import _check_dropout
+from recsys.model.transition import TransitionCounts, TransitionPrior
 from recsys.retrieval.ranker import (
     SEEN_POLICIES,
     apply_seen_policy,
@@ -142,6 +143,8 @@ class SeqRecModule(pl.LightningModule):
         sampled_metrics: Mapping[str, Any] | None = None,
         unknown_targets: str = "skip",
         target_shares: Mapping[str, float] | None = None,
+        transition_prior: float | str | None = None,
+        transition_counts: TransitionCounts | None = None,
         checkpoint_extra: dict | None = None,
     ):
         super().__init__()
@@ -238,6 +241,7 @@ class SeqRecModule(pl.LightningModule):
             )
         num_items = encoder.num_items
         real_items = num_items - NUM_RESERVED
+        prior = _transition_prior(transition_prior, transition_counts, num_items, rerank_top_n)
         teachers, distill_weight, distill_temperature = _distillation_settings(
             distillation, num_items
         )
@@ -296,6 +300,7 @@ class SeqRecModule(pl.LightningModule):
         self.distill_weight = distill_weight
         self.distill_temperature = distill_temperature
         self.seen_items = seen_items
+        self.transition_prior = prior
         self.sampled = _sampled_settings(sampled_metrics, num_items, item_counts)
         # per split, the factor that turns means over the ranked targets into means over all
         self.metric_scale = (
@@ -336,6 +341,7 @@ class SeqRecModule(pl.LightningModule):
                 "seen_items": seen_items,
                 "sampled_metrics": dict(sampled_metrics or {}),
                 "unknown_targets": unknown_targets,
+                "transition_prior": transition_prior,
             }
         )
 
@@ -584,6 +590,8 @@ class SeqRecModule(pl.LightningModule):
         # in the target's favour
         with torch.autocast(self.device.type, enabled=False):
             raw = self.encoder.score_items(output.query.float()).float()  # (B, I)
+        if self.transition_prior is not None:  # + weight * log(1 + count(last item -> item))
+            raw = self.transition_prior.add_to(raw, batch.item[:, -1])
         # the (B, I) mask of each row's history, built once for every rule below that needs it
         needs_seen = self.seen_items != "keep" or self.sampled is not None
         seen = seen_mask(raw, batch.seen) if needs_seen else None
@@ -734,6 +742,8 @@ class SeqRecModule(pl.LightningModule):
             "encoder_config": dict(self.encoder.config),
             **self.checkpoint_extra,
         }
+        if self.transition_prior is not None:
+            checkpoint[CHECKPOINT_KEY]["transition_prior"] = self.transition_prior.to_plain()
 
 
 def earlier_items(batch: SeqBatch, trained: torch.Tensor) -> torch.Tensor:
@@ -761,6 +771,38 @@ def _check_weight(option: str, value: object) -> float:
 
 
 DISTILLATION_KEYS = ("teachers", "weight", "temperature")
+
+
+def _transition_prior(
+    setting: object, counts: TransitionCounts | None, num_items: int, rerank_top_n: int
+) -> TransitionPrior | None:
+    """``training.transition_prior`` -> the prior evaluation adds to the model's scores (None:
+    off). ``auto`` starts at weight 0: the train task chooses the weight on validation once
+    the best checkpoint is known."""
+    if setting is None:
+        return None
+    if setting != "auto" and (
+        isinstance(setting, bool)
+        or not isinstance(setting, (int, float))
+        or not 0 <= setting < math.inf
+    ):
+        raise ValueError(
+            f"training.transition_prior={setting!r} must be null (off), auto (the weight "
+            "chosen on validation after training) or a number >= 0 (the weight)"
+        )
+    if rerank_top_n:
+        raise ValueError(
+            "training.transition_prior adds to the retrieval scores, which the re-rank stage "
+            f"(training.rerank_top_n={rerank_top_n}) replaces for its top N: set one of them "
+            "to 0/null"
+        )
+    if counts is None or counts.num_items != num_items:
+        raise ValueError(
+            "training.transition_prior needs the training sequences' transition counts for "
+            f"the model's {num_items} items (transition_counts, passed by recsys.tasks.train "
+            f"and recsys.tasks.evaluate; got {'none' if counts is None else counts.num_items})"
+        )
+    return TransitionPrior(counts, 0.0 if setting == "auto" else setting)
 
 
 class _Teachers(list):
