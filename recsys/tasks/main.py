@@ -34,6 +34,12 @@ def _run(cfg: DictConfig) -> MainResult:
     # the scoring settings need no model: a mistake there should not cost a training
     behaviors = event_schema(cfg.data).behaviors
     score.check_options(cfg.retrieval, behaviors, train.trained_targets(cfg, behaviors))
+    if cfg.training.get("transition_prior") is not None and cfg.retrieval.get("rerank_top_n"):
+        raise ValueError(
+            f"retrieval.rerank_top_n={cfg.retrieval.rerank_top_n}: the model will add a "
+            "transition prior to its scores (training.transition_prior), which the re-rank "
+            "stage would replace for its top N: set retrieval.rerank_top_n=0"
+        )
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
     with use_tracker(None, cfg.logger, **run_settings) as tracker:

@@ -184,6 +184,10 @@ def check_model_settings(cfg: DictConfig) -> None:
             target_shares=known_target_shares({}),
             # the trial encoder stands in for each teacher (they are loaded with the data)
             distillation=_distillation(cfg, lambda ref: encoder),
+            # no transition seen yet: counted once the data is prepared
+            transition_counts=TransitionCounts.from_sequences(
+                np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(0), num_items
+            ),
         )
         _check_optimisation(module)
     check_time_reference(cfg, encoder, module.objective)

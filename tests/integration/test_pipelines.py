@@ -1108,3 +1108,69 @@ def test_packaged_mlflow_model_predicts_like_the_score_task(main_run):
     expected = recommend_frame(load_checkpoint(result.checkpoint), events, retrieval={"top_k": 3})
     assert list(predicted.columns) == expected.columns
     assert predicted["item_id"].tolist() == expected["item_id"].to_list()
+
+
+NO_RERANK = ["training.rerank_top_n=0", "retrieval.rerank_top_n=0"]
+
+
+def test_transition_prior_auto_is_chosen_on_validation_saved_evaluated_and_scored(
+    make_config, tmp_path
+):
+    """training.transition_prior=auto through the main job: the weight chosen on validation is
+    written into the best checkpoint, and evaluation and scoring use it."""
+    import shutil
+
+    from recsys.checkpoint import load_checkpoint, set_transition_prior_weight
+    from recsys.tasks.evaluate import PRIOR_WEIGHTS
+
+    overrides = [*TINY, *NO_RERANK, "logger=none", "trainer.max_epochs=1"]
+    cfg = make_config("config", [*overrides, "training.transition_prior=auto"])
+    result = main.run(cfg)
+    prior = load_checkpoint(result.checkpoint).transition_prior
+    assert prior is not None and prior.weight in PRIOR_WEIGHTS
+    assert prior.counts.count.sum() > 0
+    assert read_parts(result.recommendations)["score"].is_finite().all()
+    # evaluation with the saved prior, and with it set aside (a weight of 0) or overridden
+    again = evaluate.run(cfg, result.checkpoint, splits=("val", "test"))
+    plain = make_config("config", [*overrides, "training.transition_prior=0"])
+    without = evaluate.run(plain, result.checkpoint, splits=("val", "test"))
+    chosen = max(without["val/ndcg_at_10"], again["val/ndcg_at_10"])
+    assert again["val/ndcg_at_10"] == pytest.approx(chosen)  # the choice is not worse on val
+    assert again["test/ndcg_at_10"] == pytest.approx(result.metrics["test/ndcg_at_10"])
+    # scoring reads the weight from the checkpoint: a large one reorders the lists
+    lists = {}
+    for weight in (0.0, 3.0):
+        copy = shutil.copy(result.checkpoint, tmp_path / f"weight-{weight}.ckpt")
+        set_transition_prior_weight(copy, weight)
+        job = make_config(
+            "score",
+            [*TINY_DATA, f"model_ref={copy}", f"retrieval.output.path={tmp_path}/{weight}"],
+        )
+        lists[weight] = read_parts(score.run(job))["item_id"].to_list()
+    assert lists[0.0] != lists[3.0]
+
+
+def test_evaluate_measures_a_transition_prior_on_a_model_trained_without_one(make_config):
+    """pipelines.evaluate with training.transition_prior on a checkpoint without one: the
+    counts come from the prepared data's training sequences, the weight from validation."""
+    overrides = [*TINY, *NO_RERANK, "logger=none", "trainer.max_epochs=1"]
+    cfg = make_config("config", overrides)
+    trained = train.run(cfg)
+    auto = make_config("config", [*overrides, "training.transition_prior=auto"])
+    metrics = evaluate.run(auto, trained.checkpoint, prepared_dir=trained.prepared_dir)
+    assert metrics["transition_prior/weight"] in evaluate.PRIOR_WEIGHTS
+    best = max(v for k, v in metrics.items() if k.startswith("transition_prior/val_"))
+    assert (
+        metrics[f"transition_prior/val_ndcg_at_10_at_{metrics['transition_prior/weight']}"] == best
+    )
+
+
+def test_a_main_job_with_a_transition_prior_and_a_re_rank_stage_is_refused_before_training(
+    make_config,
+):
+    cfg = make_config(
+        "config", [*TINY, "logger=none", "training.transition_prior=1", "training.rerank_top_n=0"]
+    )
+    with pytest.raises(ValueError, match="set retrieval.rerank_top_n=0"):
+        main.run(cfg)
+    assert not (Path(cfg.paths.run_dir) / "checkpoints").exists()

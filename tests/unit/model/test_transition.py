@@ -1,15 +1,18 @@
-"""The first-order transition baseline against hand-counted transitions, and the popularity
-baseline."""
+"""The first-order transition baseline and prior against hand-counted transitions (and the
+prior on top of an index against the whole catalogue), and the popularity baseline."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 import torch
 
+from recsys.model.outputs import EncoderOutput
 from recsys.model.popularity import Popularity
-from recsys.model.transition import Transition
+from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
+from recsys.retrieval.ranker import with_prior
 
 # users back to back: u0 = [2 3 4 | 2 3] (3 training events), u1 = [2 3 5], u2 = [4]
 ITEM = np.array([2, 3, 4, 2, 3, 2, 3, 5, 4])
@@ -55,3 +58,103 @@ def test_popularity_ranks_every_user_by_training_count_and_never_pad_or_unk() ->
     assert torch.equal(scores[0], scores[1])  # the same list for everyone
     assert torch.isneginf(scores[:, :2]).all()  # PAD and UNK, whatever their counts
     assert scores[0].argsort(descending=True)[:4].tolist() == [3, 4, 2, 5]  # counts 6, 4, 2, 1
+
+
+def test_counts_leave_out_pairs_with_unknown_items_and_round_trip() -> None:
+    # u0 = [2 1 3 3]: 2 -> UNK and UNK -> 3 are not transitions of known items; 3 -> 3 is
+    counts = TransitionCounts.from_sequences(
+        np.array([2, 1, 3, 3]), np.array([0, 4]), np.array([4]), 4
+    )
+    assert counts.row_start.tolist() == [0, 0, 0, 0, 1]
+    assert counts.next_item.tolist() == [3] and counts.count.tolist() == [1]
+    again = TransitionCounts.from_plain(counts.to_plain())
+    assert all(
+        torch.equal(a, b) for a, b in zip(again.to_plain().values(), counts.to_plain().values())
+    )
+
+
+def test_counts_that_are_no_csr_matrix_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a CSR matrix"):
+        TransitionCounts(torch.tensor([0, 2]), torch.tensor([1]), torch.tensor([1]))
+
+
+def prior(weight: float = 1.0) -> TransitionPrior:
+    return TransitionPrior(TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, 6), weight)
+
+
+def test_prior_adds_weighted_log_counts_of_the_last_items_successors() -> None:
+    """2 -> 3 twice; 3 -> 4 and 3 -> 5 once; nothing follows 5 (the class docstring's example)."""
+    scores = torch.arange(18, dtype=torch.float32).reshape(3, 6)
+    added = prior(2.0).add_to(scores, torch.tensor([2, 3, 5]))
+    expected = scores.clone()
+    expected[0, 3] += 2 * math.log(3)
+    expected[1, 4] += 2 * math.log(2)
+    expected[1, 5] += 2 * math.log(2)
+    torch.testing.assert_close(added, expected)
+    assert prior(0.0).add_to(scores, torch.tensor([2, 3, 5])) is scores
+
+
+def test_prior_candidates_are_the_items_add_to_raises() -> None:
+    last = torch.tensor([2, 3, 5, 0])
+    items, terms = prior(0.5).candidates(last)
+    dense = prior(0.5).add_to(torch.zeros(4, 6), last)
+    rebuilt = torch.zeros(4, 6).scatter_add(1, items, terms)  # padding: PAD gains 0
+    torch.testing.assert_close(rebuilt, dense)
+    assert items.tolist() == [[3, 0], [4, 5], [0, 0], [0, 0]]
+
+
+@pytest.mark.parametrize("weight", [-1.0, math.nan, math.inf, True, "1"])
+def test_prior_weights_that_are_no_number_at_or_above_zero_are_refused(weight) -> None:
+    with pytest.raises(ValueError, match="must be a number >= 0"):
+        prior(weight)
+
+
+class Keys(torch.nn.Module):
+    """Scores query @ keys.T; PAD and UNK -inf (the encoder interface's two scoring calls)."""
+
+    def __init__(self, keys: torch.Tensor):
+        super().__init__()
+        self.keys = keys
+
+    def score_items(self, query):
+        scores = query @ self.keys.T
+        scores[:, :2] = -math.inf
+        return scores
+
+    def score_candidates(self, query, items):
+        return self.score_items(query).gather(1, items)
+
+
+def test_with_prior_on_an_index_top_k_is_the_exact_top_k_of_the_sum() -> None:
+    """The model's top 2 plus the successors of the last item, under a blocked item and each
+    row's excluded items, rank as the whole catalogue's scores plus the prior would."""
+    generator = torch.Generator().manual_seed(0)
+    model = Keys(torch.randn(6, 4, generator=generator))
+    query = torch.randn(3, 4, generator=generator)
+    output = EncoderOutput(hidden=query[:, None], query=query, padding_mask=None)
+    blocked = torch.tensor([False, False, False, False, False, True])  # item 5
+    exclude = torch.tensor([[2, 0], [4, 0], [3, 2]])
+    last = torch.tensor([2, 3, 3])
+    dense = model.score_items(query)
+    dense[:, 5] = -math.inf
+    dense = dense.scatter(1, exclude, -math.inf)
+    dense[:, :2] = -math.inf
+    index_scores, index_items = dense.topk(2, dim=1)
+    p = prior(3.0)
+    scores, items = with_prior(
+        model, output, p, last, index_items, index_scores, blocked=blocked, exclude=exclude
+    )
+    expected_scores, expected_items = p.add_to(dense, last).topk(2, dim=1)
+    torch.testing.assert_close(scores, expected_scores)
+    finite = scores.isfinite()  # row 3 has one admissible item: its second entry is -inf
+    assert torch.equal(items[finite], expected_items[finite]) and finite.sum() == 5
+    assert not torch.equal(items[finite], index_items[finite])  # the prior changed the order
+
+
+def test_a_checkpoint_without_a_prior_cannot_be_given_a_weight(tmp_path) -> None:
+    from recsys.checkpoint import set_transition_prior_weight
+
+    path = tmp_path / "model.ckpt"
+    torch.save({"recsys": {}, "state_dict": {}}, path)
+    with pytest.raises(ValueError, match="has no transition prior to weight"):
+        set_transition_prior_weight(path, 1.0)

@@ -793,3 +793,15 @@ def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
         {"target_behaviors": ("purchase",)},
     ):
         assert model_digest(replace(model, **change)) != digest, change
+    # a transition prior, and its weight, shape the scores too
+    from recsys.model.transition import TransitionCounts, TransitionPrior
+
+    num_items = model.vocab.num_items
+    counts = TransitionCounts(
+        torch.tensor([0] * 3 + [1] * (num_items - 2)), torch.tensor([3]), torch.tensor([4])
+    )
+    weighted = {
+        w: model_digest(replace(model, transition_prior=TransitionPrior(counts, w)))
+        for w in (0.5, 1.0)
+    }
+    assert len({digest, *weighted.values()}) == 3

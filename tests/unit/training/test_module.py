@@ -18,6 +18,7 @@ from recsys.model import ATRank
 from recsys.model.layers import never_recommended
 from recsys.model.outputs import EncoderOutput
 from recsys.model.sasrec import SASRec
+from recsys.model.transition import TransitionCounts, TransitionPrior
 from recsys.retrieval.ranker import apply_seen_policy, exclude_items, seen_mask
 from recsys.training import losses
 from recsys.training.evaluation import evaluate, pick_device
@@ -805,3 +806,58 @@ def test_a_missed_target_is_outside_a_cutoff_larger_than_the_catalogue():
     scores = torch.tensor([[-math.inf, -math.inf, 0.3, -math.inf]])
     ranks = target_ranks(scores, torch.tensor([3]))
     assert ranking_metrics(ranks, [10])["hr_at_10"].tolist() == [0.0]
+
+
+def _counts_with_each_item_followed_by_its_next() -> TransitionCounts:
+    """Item i -> i + 1 seen (i - 1) times, for every real item but the last."""
+    item = torch.cat([torch.arange(2, NUM_ITEMS)] * 3).numpy()
+    offsets = torch.tensor([0, NUM_ITEMS - 2, 2 * (NUM_ITEMS - 2), 3 * (NUM_ITEMS - 2)]).numpy()
+    return TransitionCounts.from_sequences(item, offsets, offsets[1:] - offsets[:-1], NUM_ITEMS)
+
+
+@pytest.mark.parametrize("policy", ["keep", "zero"])
+def test_evaluation_ranks_the_model_scores_plus_the_transition_prior(policy):
+    """training.transition_prior: each row's ranking is by the encoder's score plus weight *
+    log(1 + count(last item -> item)), before the seen-item rule (which still scores 0)."""
+    counts = _counts_with_each_item_followed_by_its_next()
+    m = module(
+        seen_items=policy, metric_ks=(1, 5), transition_prior=2.0, transition_counts=counts
+    ).eval()
+    b = batch()
+    b.target_item = b.target_item[:, -1].clamp(min=2)
+    b.target_behavior = b.target_behavior[:, -1]
+    with torch.no_grad():
+        raw = m.encoder.score_items(m(b).query)
+        found = m.evaluation_metrics(b)
+    fused = TransitionPrior(counts, 2.0).add_to(raw, b.item[:, -1])
+    assert not torch.equal(fused, raw)
+    expected = apply_seen_policy(fused, b.item, policy)
+    ranks = 1 + (expected > expected.gather(1, b.target_item[:, None])).sum(1)
+    torch.testing.assert_close(found["retrieval_mrr"], 1 / ranks.float())
+
+
+def test_transition_prior_auto_starts_at_weight_zero_and_is_saved_with_the_checkpoint():
+    counts = _counts_with_each_item_followed_by_its_next()
+    m = module(transition_prior="auto", transition_counts=counts)
+    assert m.transition_prior.weight == 0.0
+    saved = {}
+    m.on_save_checkpoint(saved)
+    plain = saved["recsys"]["transition_prior"]
+    assert plain["weight"] == 0.0 and torch.equal(plain["count"], counts.count)
+    assert copy.deepcopy(m).transition_prior is m.transition_prior  # weight averaging shares it
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"transition_prior": -1}, "must be null (off), auto"),
+        ({"transition_prior": "yes"}, "must be null (off), auto"),
+        ({"transition_prior": True}, "must be null (off), auto"),
+        ({"transition_prior": 1.0, "rerank_top_n": 20}, "set one of them to 0/null"),
+        ({"transition_prior": 1.0, "transition_counts": None}, "needs the training sequences"),
+    ],
+)
+def test_bad_transition_prior_settings_name_the_option(kwargs, message):
+    kwargs = {"transition_counts": _counts_with_each_item_followed_by_its_next(), **kwargs}
+    with pytest.raises(ValueError, match=re_escape(message)):
+        module(**kwargs)
