@@ -28,7 +28,7 @@ from torch import nn
 
 from recsys.model.layers import never_recommended
 from recsys.model.outputs import EncoderOutput
-from recsys.schema import NUM_RESERVED
+from recsys.schema import NUM_RESERVED, PAD_IDX
 
 
 @dataclass(frozen=True)
@@ -67,15 +67,15 @@ class TransitionCounts:
         ``item`` (N,) holds every user's encoded events back to back, user ``u`` at
         ``offsets[u]:offsets[u+1]``, of which the first ``train_end[u]`` are training events
         (the layout of :class:`recsys.data.dataset.SequenceStore`). Pairs that reach into a
-        validation or test event are not counted, nor pairs with PAD or UNK.
+        validation or test event are not counted. UNK (items below ``data.min_item_count``)
+        counts as one item, as in PROTOCOLS.md's baseline; the prior reads no UNK row.
         """
         lengths = np.diff(offsets)
         position = np.arange(len(item)) - np.repeat(offsets[:-1], lengths)
         limit = np.repeat(np.minimum(train_end, lengths), lengths)
         pair = np.flatnonzero(position[:-1] + 1 < limit[:-1])  # event i and i+1 both training
         source, target = item[pair].astype(np.int64), item[pair + 1].astype(np.int64)
-        known = (source >= NUM_RESERVED) & (target >= NUM_RESERVED)
-        key, count = np.unique(source[known] * num_items + target[known], return_counts=True)
+        key, count = np.unique(source * num_items + target, return_counts=True)
         row_start = np.searchsorted(key // num_items, np.arange(num_items + 1))
         return cls(
             torch.from_numpy(row_start).long(),
@@ -199,7 +199,9 @@ class TransitionPrior:
         return self.counts.num_items
 
     def _entries(self, last: torch.Tensor):
-        """(counts on ``last``'s device, batch row, entry, position in row) of ``last``'s rows."""
+        """(counts on ``last``'s device, batch row, entry, position in row) of ``last``'s rows;
+        UNK's row (the successors of every rare item at once) is read as PAD's, empty."""
+        last = last.masked_fill(last < NUM_RESERVED, PAD_IDX)
         counts = self._on.get(last.device)
         if counts is None:
             counts = self._on[last.device] = TransitionCounts(

@@ -24,7 +24,7 @@ from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
 from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
 from recsys.tasks import prepare
-from recsys.tasks.train import data_arguments
+from recsys.tasks.train import data_arguments, store_transitions
 from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import evaluate, pick_device
 from recsys.training.module import SeqRecModule
@@ -108,7 +108,8 @@ def prior_arguments(prior: TransitionPrior | None) -> dict:
 
 def selection_metric(cfg: DictConfig) -> str:
     """The validation metric that chose the checkpoint (``callbacks.model_checkpoint.monitor``,
-    e.g. ``ndcg_at_10``): what chooses the transition prior's weight too."""
+    e.g. ``ndcg_at_10``): what chooses the transition prior's weight too. Without callbacks
+    (``pipelines.evaluate``'s config): NDCG at the headline cutoff."""
     monitor = str((cfg.get("callbacks") or {}).get("model_checkpoint", {}).get("monitor") or "")
     if monitor.startswith("val/"):
         return monitor.removeprefix("val/")
@@ -158,23 +159,20 @@ def select_transition_prior(
 
 
 def _model_prior(
-    cfg: DictConfig, model, datamodule: SeqRecDataModule, device: torch.device
+    cfg: DictConfig,
+    model,
+    datamodule: SeqRecDataModule,
+    transitions: TransitionCounts,
+    device: torch.device,
 ) -> tuple[TransitionPrior | None, dict[str, float]]:
     """The transition prior the model is evaluated with: the checkpoint's, unless
     ``training.transition_prior`` says otherwise (a number: that weight; ``auto`` on a model
-    trained without one: counts from this prepared data's training sequences, the weight
-    chosen on validation). Returns the prior and the selection's metrics ({} without one)."""
+    trained without one: ``transitions``, this prepared data's, the weight chosen on
+    validation). Returns the prior and the selection's metrics ({} without one)."""
     setting, prior = cfg.training.get("transition_prior"), model.transition_prior
     if setting is None or (setting == "auto" and prior is not None):
         return prior, {}
-    store = datamodule.store
-    counts = (
-        prior.counts
-        if prior is not None
-        else TransitionCounts.from_sequences(
-            store.item, store.offsets, store.train_end, model.vocab.num_items
-        )
-    )
+    counts = transitions if prior is None else prior.counts
     if setting != "auto":
         return TransitionPrior(counts, setting), {}
     return select_transition_prior(cfg, model.encoder, model.vocab, datamodule, counts, device)
@@ -219,9 +217,10 @@ def run(
         )
     device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
     datamodule.setup()
-    store, train_counts = datamodule.store, model.vocab.item_train_counts()
+    train_counts = model.vocab.item_train_counts()
     stats = datamodule.stats
-    prior, prior_metrics = _model_prior(cfg, model, datamodule, device)
+    transitions = store_transitions(datamodule)  # the baseline's, and a prior's without one
+    prior, prior_metrics = _model_prior(cfg, model, datamodule, transitions, device)
     candidates = {
         "": _evaluation_module(cfg, model.encoder, model.vocab, stats, **prior_arguments(prior)),
         # one stage: popularity has nothing to re-rank with
@@ -235,7 +234,7 @@ def run(
         ),
         "transition_": _evaluation_module(
             cfg,
-            Transition.from_sequences(store.item, store.offsets, store.train_end, train_counts),
+            Transition(transitions, torch.tensor(train_counts)),
             model.vocab,
             stats,
             rerank_top_n=0,

@@ -414,10 +414,9 @@ def data_arguments(vocab: Vocab, stats: Mapping[str, Any]) -> dict:
     }
 
 
-def transition_counts(cfg: DictConfig, datamodule: SeqRecDataModule) -> TransitionCounts | None:
-    """The training sequences' item transitions when ``training.transition_prior`` is set."""
-    if cfg.training.get("transition_prior") is None:
-        return None
+def store_transitions(datamodule: SeqRecDataModule) -> TransitionCounts:
+    """The item transitions of the prepared data's training sequences (the transition
+    baseline's and ``training.transition_prior``'s counts)."""
     datamodule.setup()
     store = datamodule.store
     return TransitionCounts.from_sequences(
@@ -836,7 +835,9 @@ def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> Tra
     module = instantiate(cfg.training, _partial_=True)(
         encoder=encoder,
         distillation=distillation,
-        transition_counts=transition_counts(cfg, datamodule),
+        transition_counts=(
+            None if cfg.training.get("transition_prior") is None else store_transitions(datamodule)
+        ),
         **data_arguments(datamodule.vocab, datamodule.stats),
         checkpoint_extra=checkpoint_extra(
             vocab=datamodule.vocab,

@@ -60,17 +60,18 @@ def test_popularity_ranks_every_user_by_training_count_and_never_pad_or_unk() ->
     assert scores[0].argsort(descending=True)[:4].tolist() == [3, 4, 2, 5]  # counts 6, 4, 2, 1
 
 
-def test_counts_leave_out_pairs_with_unknown_items_and_round_trip() -> None:
-    # u0 = [2 1 3 3]: 2 -> UNK and UNK -> 3 are not transitions of known items; 3 -> 3 is
+def test_counts_round_trip_and_the_prior_reads_no_unknown_items_row() -> None:
+    # u0 = [2 1 3 3]: UNK (1) counts as an item, as in the baseline; the prior skips its row
     counts = TransitionCounts.from_sequences(
         np.array([2, 1, 3, 3]), np.array([0, 4]), np.array([4]), 4
     )
-    assert counts.row_start.tolist() == [0, 0, 0, 0, 1]
-    assert counts.next_item.tolist() == [3] and counts.count.tolist() == [1]
+    assert counts.row_start.tolist() == [0, 0, 1, 2, 3]
+    assert counts.next_item.tolist() == [3, 1, 3] and counts.count.tolist() == [1, 1, 1]
     again = TransitionCounts.from_plain(counts.to_plain())
-    assert all(
-        torch.equal(a, b) for a, b in zip(again.to_plain().values(), counts.to_plain().values())
-    )
+    pairs = zip(again.to_plain().values(), counts.to_plain().values())
+    assert all(torch.equal(a, b) for a, b in pairs)
+    added = TransitionPrior(counts, 1.0).add_to(torch.zeros(3, 4), torch.tensor([1, 0, 2]))
+    assert added[:2].eq(0).all() and added[2, 1] == math.log(2)
 
 
 def test_counts_that_are_no_csr_matrix_are_refused() -> None:
