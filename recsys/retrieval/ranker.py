@@ -145,18 +145,33 @@ def with_prior(
     with ``scores`` (B, D) (an index's search, rules applied), and the items that followed
     each row's ``last`` item (B,). Exact: every other item gains 0, so none of them can pass
     the D-th of the model's own. ``blocked`` (I,) bool and ``exclude`` (B, T) items keep their
-    rule for the prior's candidates too. Returns (scores, items), best first."""
+    rule for the prior's candidates too. Memory grows with B x (D + M), M the longest list of
+    successors (no (B, D, M) comparison). Returns (scores, items), best first."""
     candidates, terms = prior.candidates(last)  # (B, M)
     valid = candidates >= NUM_RESERVED
     if blocked is not None:
         valid &= ~blocked[candidates]
     if exclude is not None:
-        valid &= ~(candidates[:, :, None] == exclude[:, None, :]).any(dim=2)
-    listed = (items[:, :, None] == candidates[:, None, :]) & valid[:, None, :]  # (B, D, M)
-    scores = scores + (listed * terms[:, None, :]).sum(dim=2)  # -inf stays -inf
-    extra = model.score_candidates(output.query, candidates).float() + terms  # (B, M)
-    extra = extra.masked_fill(~valid | listed.any(dim=1), -math.inf)  # listed: counted above
+        excluded = exclude.sort(dim=1).values
+        valid &= ~_found(excluded, candidates)
+    # each row's admissible candidates in ascending order, the others last (as `none`)
+    none = torch.iinfo(candidates.dtype).max
+    candidates, order = candidates.masked_fill(~valid, none).sort(dim=1)
+    terms = terms.gather(1, order).masked_fill(candidates == none, 0.0)
+    position = torch.searchsorted(candidates, items).clamp(max=candidates.shape[1] - 1)
+    hit = candidates.gather(1, position) == items  # (B, D): the item gains its term
+    scores = scores + torch.where(hit, terms.gather(1, position), 0.0)  # -inf stays -inf
+    listed = _found(items.sort(dim=1).values, candidates)  # (B, M): counted above
+    admissible = candidates != none
+    extra = model.score_candidates(output.query, candidates.masked_fill(~admissible, 0))
+    extra = (extra.float() + terms).masked_fill(~admissible | listed, -math.inf)
     pooled_scores = torch.cat([scores, extra], dim=1)
-    pooled_items = torch.cat([items, candidates], dim=1)
+    pooled_items = torch.cat([items, candidates.masked_fill(~admissible, 0)], dim=1)
     top, where = pooled_scores.topk(items.shape[1], dim=1)
     return top, pooled_items.gather(1, where)
+
+
+def _found(ascending: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(B, K) bool: whether each of ``values`` (B, K) is in its row of ``ascending`` (B, N)."""
+    position = torch.searchsorted(ascending, values).clamp(max=ascending.shape[1] - 1)
+    return ascending.gather(1, position) == values

@@ -159,3 +159,34 @@ def test_a_checkpoint_without_a_prior_cannot_be_given_a_weight(tmp_path) -> None
     torch.save({"recsys": {}, "state_dict": {}}, path)
     with pytest.raises(ValueError, match="has no transition prior to weight"):
         set_transition_prior_weight(path, 1.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_with_prior_is_exact_on_random_catalogues_rules_and_depths(seed) -> None:
+    """Random transitions, blocked items, exclusions and index depths against the whole
+    catalogue's scores plus the prior."""
+    generator = torch.Generator().manual_seed(seed)
+    num_items, rows = 14, 5
+    sequence = torch.randint(1, num_items, (80,), generator=generator).numpy()  # UNK included
+    counts = TransitionCounts.from_sequences(
+        sequence, np.array([0, 40, 80]), np.array([40, 40]), num_items
+    )
+    p = TransitionPrior(counts, float(torch.rand(1, generator=generator)) * 4)
+    model = Keys(torch.randn(num_items, 3, generator=generator))
+    query = torch.randn(rows, 3, generator=generator)
+    output = EncoderOutput(hidden=query[:, None], query=query, padding_mask=None)
+    blocked = torch.rand(num_items, generator=generator) < 0.2
+    exclude = torch.randint(0, num_items, (rows, 3), generator=generator)
+    last = torch.randint(0, num_items, (rows,), generator=generator)
+    depth = int(torch.randint(1, 6, (1,), generator=generator))
+    dense = model.score_items(query).masked_fill(blocked, -math.inf)
+    dense = dense.scatter(1, exclude, -math.inf)
+    dense[:, :2] = -math.inf
+    index_scores, index_items = dense.topk(depth, dim=1)
+    scores, items = with_prior(
+        model, output, p, last, index_items, index_scores, blocked=blocked, exclude=exclude
+    )
+    expected_scores, expected_items = p.add_to(dense, last).topk(depth, dim=1)
+    torch.testing.assert_close(scores, expected_scores)
+    finite = scores.isfinite()
+    assert torch.equal(items[finite], expected_items[finite])
