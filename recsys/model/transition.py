@@ -132,20 +132,6 @@ class Transition(nn.Module):
         self.register_buffer("next_item", counts.next_item.long())
         self.register_buffer("count", counts.count.double())
 
-    @classmethod
-    def from_sequences(
-        cls,
-        item: np.ndarray,
-        offsets: np.ndarray,
-        train_end: np.ndarray,
-        train_counts: np.ndarray,
-    ) -> Transition:
-        """The baseline of the training pairs in a store's layout (see
-        :meth:`TransitionCounts.from_sequences`)."""
-        train_counts = torch.as_tensor(np.asarray(train_counts))
-        counts = TransitionCounts.from_sequences(item, offsets, train_end, len(train_counts))
-        return cls(counts, train_counts)
-
     def forward(
         self, item, behavior, time_bucket, padding_mask, query_time_bucket=None
     ) -> EncoderOutput:

@@ -22,7 +22,8 @@ TRAIN_COUNTS = np.array([0, 0, 2, 2, 2, 1])  # PAD, UNK, items 2..5 in training
 
 
 def model() -> Transition:
-    return Transition.from_sequences(ITEM, OFFSETS, TRAIN_END, TRAIN_COUNTS)
+    counts = TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, len(TRAIN_COUNTS))
+    return Transition(counts, torch.as_tensor(TRAIN_COUNTS))
 
 
 def test_counts_only_pairs_inside_training() -> None:
