@@ -65,6 +65,7 @@ from recsys.data.split import (
 )
 from recsys.data.transforms import SESSION_INDEX
 from recsys.data.validate import (
+    LOCAL,
     PROBLEM,
     PROBLEM_KINDS,
     RAW_EVENT_TYPE,
@@ -105,9 +106,6 @@ STATS_FILE = "stats.json"
 QUARANTINE_FILE = "quarantine.parquet"
 # everything a prepared folder holds: the only files a new preparation may replace
 PREPARED_FILES = frozenset({SEQUENCES_FILE, STATS_FILE, QUARANTINE_FILE, *VOCAB_FILES.values()})
-# polars 2 collects with its streaming engine by default; a partition (or a scoring log) is in
-# memory already, and the in-memory engine sorts and groups it 2-4x faster
-LOCAL = "in-memory"
 _HASH = "_hash"
 _PART = "_part"
 _HASH_PRIME = 0x100000001B3  # FNV-1a's 64-bit prime: odd, so the chain loses no information

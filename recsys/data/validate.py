@@ -51,6 +51,9 @@ from recsys.schema import (
 log = logging.getLogger(__name__)
 
 TIMESTAMP_DTYPE = pl.Datetime("us", "UTC")
+# polars 2 collects with its streaming engine by default; a partition, a vocabulary's tables or a
+# scoring log are in memory already, and the in-memory engine sorts and groups them 2-4x faster
+LOCAL = "in-memory"
 ROW = "_row"  # 0-based row number in the input (files of a folder in name order)
 PROBLEM = "_problem"
 RAW_TIMESTAMP = "_raw_timestamp"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from recsys.data.validate import ATTRIBUTE_SEPARATOR, attribute_sets
+from recsys.data.validate import ATTRIBUTE_SEPARATOR, LOCAL, attribute_sets
 from recsys.schema import ATTRIBUTES, ITEM, NUM_RESERVED, PAD_IDX, UNK_IDX
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class Vocab:
                 .with_columns(pl.coalesce("_listed", _KEY).alias(_KEY))
                 .drop("_listed")
             )
-        counts = counts.sort([TRAIN_COUNT, ITEM], descending=[True, False]).collect()
+        counts = counts.sort([TRAIN_COUNT, ITEM], descending=[True, False]).collect(engine=LOCAL)
         # Attribute work happens once per distinct attribute set, not once per item.
         sets = (
             counts.lazy()
@@ -145,7 +145,7 @@ class Vocab:
             .group_by(_KEY)
             .agg(pl.col(TRAIN_COUNT).sum(), pl.len().alias("_items"))
             .with_columns(attribute_sets(pl.col(_KEY)).list.unique().alias(ATTRIBUTES))
-            .collect()
+            .collect(engine=LOCAL)
         )
         attributes = (
             sets.lazy()
@@ -156,7 +156,7 @@ class Vocab:
             .sort(["_n", ATTRIBUTES], descending=[True, False])
             .with_row_index(INDEX, offset=NUM_RESERVED)
             .select(pl.col(ATTRIBUTES).alias(ATTRIBUTE), pl.col(INDEX).cast(pl.Int32))
-            .collect()
+            .collect(engine=LOCAL)
         )
         set_indices = (
             sets.lazy()
@@ -165,7 +165,7 @@ class Vocab:
             .join(attributes.lazy(), left_on=ATTRIBUTES, right_on=ATTRIBUTE)
             .group_by(_KEY)
             .agg(pl.col(INDEX).sort().head(max_item_attributes).alias(ATTRIBUTE_INDICES))
-            .collect()
+            .collect(engine=LOCAL)
         )
         unknown = pl.lit([UNK_IDX], dtype=pl.List(pl.Int32))
         items = (
@@ -178,7 +178,7 @@ class Vocab:
                 pl.col(ATTRIBUTE_INDICES).fill_null(unknown),
                 pl.col(TRAIN_COUNT).cast(pl.Int64),
             )
-            .collect()
+            .collect(engine=LOCAL)
         )
         truncated = int(
             sets.filter(pl.col(ATTRIBUTES).list.len() > max_item_attributes)["_items"].sum()
