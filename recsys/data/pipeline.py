@@ -9,9 +9,9 @@ Stages (each a streaming pass or a loop over user partitions; nothing holds the 
                                                   only with min_item_events > 1]
       user filter / k-core, keep last N per user, sessionize, positions
     temporal cut times                            one column, streamed
-    per partition: split positions
     vocab.fit(training window only)               streamed aggregates
     per partition: encode, one row per user       -> sequences.parquet
+      (lists and split positions in one group-by)
     quarantine.parquet, vocabularies, stats.json
 
 A log of at most ``partition_rows`` events is one partition, and its stages pass frames in
@@ -59,9 +59,10 @@ from recsys.data.split import (
     VAL_TARGET,
     SplitPoints,
     SplitSettings,
-    split_positions,
+    split_aggregations,
     temporal_cuts,
     training_events,
+    with_windows,
 )
 from recsys.data.transforms import SESSION_INDEX
 from recsys.data.validate import (
@@ -590,24 +591,17 @@ def _prepare(
             f"min_item_events={settings.min_item_events}: lower them"
         )
 
-    # 4. split
+    # 4. split: the cut times here; each user's split positions come with the encoding (6.)
     points = (
         temporal_cuts(final, settings.split, engine=parts.engine)
         if settings.split.method == "temporal"
         else SplitPoints(None, None)
     )
 
-    def split(index: int) -> None:
-        events = parts.read("final", index).lazy().pipe(transforms.sorted_by_user)
-        positions = split_positions(events, settings.split, points).collect(engine=LOCAL)
-        parts.write(positions, "positions", index)
-
-    parts.map("split", split)
-    positions = parts.scan("positions")
     clock.lap("split")
 
     # 5. vocabulary on the training window only
-    train = training_events(final, positions, settings.split, points)
+    train = training_events(final, settings.split, points)
     item_table = None
     if items is not None:
         item_table = _item_table(
@@ -644,8 +638,11 @@ def _prepare(
         events = parts.read("final", index).lazy().pipe(transforms.sorted_by_user)
         encoded = vocab.encode(events, behavior_column=EVENT_TYPE).collect(engine=LOCAL)
         unknown_items.append(encoded.filter(pl.col(ITEM_INDEX) == UNK_IDX)[ITEM].unique())
-        sequences = build_sequences(encoded.lazy(), parts.read("positions", index).lazy()).collect(
-            engine=LOCAL
+        sequences = (
+            encoded.lazy()
+            .pipe(with_windows, settings.split, points)
+            .pipe(build_sequences, split_aggregations(settings.split))
+            .collect(engine=LOCAL)
         )
         sequences, counts = _drop_unknown_targets(sequences)
         for key, value in counts.items():
@@ -939,11 +936,10 @@ def scoring_sequences(
     :func:`scoring_events` (``vocab=None``)."""
     if vocab is not None:
         events = scoring_events(events, vocab=vocab, as_of=as_of)
-    lf = events.lazy()
-    positions = lf.group_by(USER, maintain_order=True).agg(
+    whole_history = [
         pl.len().cast(pl.Int32).alias(TRAIN_END),
         pl.lit(-1, dtype=pl.Int32).alias(VAL_TARGET),
         pl.len().cast(pl.Int32).alias(TEST_START),
         pl.lit(-1, dtype=pl.Int32).alias(TEST_TARGET),
-    )
-    return build_sequences(lf, positions).collect(engine=LOCAL)
+    ]
+    return build_sequences(events.lazy(), whole_history).collect(engine=LOCAL)

@@ -85,12 +85,14 @@ class TimeBuckets:
         return 1 + np.minimum(bucket, self.num_buckets - 1)
 
 
-def build_sequences(encoded: pl.LazyFrame, positions: pl.LazyFrame) -> pl.LazyFrame:
-    """Aggregate encoded, time-sorted events into one row per user and attach split positions.
+def build_sequences(encoded: pl.LazyFrame, split: list[pl.Expr]) -> pl.LazyFrame:
+    """Aggregate encoded, time-sorted events into one row per user, with the split columns.
 
     ``encoded`` has ``user_id, item_index, behavior_index, timestamp`` (and ``session`` when
-    sessions were derived) sorted by user and time; ``positions`` has ``user_id`` and the
-    split columns of :mod:`recsys.data.split`.
+    sessions were derived) sorted by user and time; ``split`` are the per-user aggregations
+    giving the split columns of :mod:`recsys.data.split` (e.g. its
+    :func:`~recsys.data.split.split_aggregations`, over its ``with_windows`` flags), computed
+    in the same pass as the lists.
     """
     has_sessions = SESSION_INDEX in encoded.collect_schema().names()
     lists = encoded.group_by(USER, maintain_order=True).agg(
@@ -98,6 +100,7 @@ def build_sequences(encoded: pl.LazyFrame, positions: pl.LazyFrame) -> pl.LazyFr
         pl.col("behavior_index").cast(pl.Int8).alias(BEHAVIORS),
         pl.col(TIMESTAMP).dt.epoch("s").cast(pl.Int64).alias(TIMES),
         *([pl.col(SESSION_INDEX).cast(pl.Int32)] if has_sessions else []),
+        *split,
     )
     columns = [*SEQUENCE_COLUMNS[:4], *([SESSION_INDEX] if has_sessions else []), *SPLIT_COLUMNS]
-    return lists.join(positions, on=USER, how="left", maintain_order="left").select(columns)
+    return lists.select(columns)

@@ -122,36 +122,32 @@ def temporal_cuts(
     return SplitPoints(val_start=val_start, test_start=test_start)
 
 
-def training_events(
-    lf: pl.LazyFrame, positions: pl.LazyFrame, settings: SplitSettings, points: SplitPoints
-) -> pl.LazyFrame:
-    """The events at positions ``< train_end`` (``lf`` as for :func:`split_positions`, whose
-    output ``positions`` is): what vocabularies and statistics are fitted on. A temporal
-    split's training window is the events before the validation cut, found without a join."""
-    if settings.method == "temporal":
-        return lf.filter(pl.col(TIMESTAMP) < points.val_start)
-    return (
-        lf.join(positions.select(USER, TRAIN_END), on=USER)
-        .filter(pl.col(POSITION) < pl.col(TRAIN_END))
-        .drop(TRAIN_END)
-    )
+_IN_VAL, _IN_TEST = "_in_val", "_in_test"
 
 
-def split_positions(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
-    """One row per user: ``user_id, train_end, val_target, test_start, test_target`` (lazy).
+def with_windows(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
+    """``lf`` with each event's window as two flags, ``_in_val`` and ``_in_test`` (neither:
+    training), for :func:`split_aggregations` and :func:`training_events`.
 
     ``lf`` must be sorted by user and time and carry ``position``.
     """
-    position = pl.col(POSITION)
     if settings.method == "temporal":
         ts = pl.col(TIMESTAMP)
         in_val = (ts >= points.val_start) & (ts < points.test_start)
         in_test = ts >= points.test_start
     else:
+        position = pl.col(POSITION)
         holdout = 1 if settings.method == "leave_one_out" else settings.holdout_events
         n = pl.len().over(USER).cast(pl.Int64)
         in_test = position >= n - holdout
         in_val = (position >= n - 2 * holdout) & ~in_test
+    return lf.with_columns(in_val.alias(_IN_VAL), in_test.alias(_IN_TEST))
+
+
+def split_aggregations(settings: SplitSettings) -> list[pl.Expr]:
+    """The :data:`SPLIT_COLUMNS` of one user, as aggregations of a ``group_by(user_id)`` over
+    :func:`with_windows`' output (so that one pass can also gather the user's sequences)."""
+    position = pl.col(POSITION)
     is_target = (
         pl.col(EVENT_TYPE).is_in(list(settings.target_behaviors))
         if settings.target_behaviors
@@ -162,13 +158,34 @@ def split_positions(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoin
     def first(window: str) -> pl.Expr:
         return position.filter(pl.col(window) & eligible).min().fill_null(-1).cast(pl.Int32)
 
+    return [
+        (~pl.col(_IN_VAL) & ~pl.col(_IN_TEST)).sum().cast(pl.Int32).alias(TRAIN_END),
+        first(_IN_VAL).alias(VAL_TARGET),
+        (~pl.col(_IN_TEST)).sum().cast(pl.Int32).alias(TEST_START),
+        first(_IN_TEST).alias(TEST_TARGET),
+    ]
+
+
+def split_positions(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
+    """One row per user: ``user_id, train_end, val_target, test_start, test_target`` (lazy).
+
+    ``lf`` must be sorted by user and time and carry ``position``.
+    """
     return (
-        lf.with_columns(in_val.alias("_in_val"), in_test.alias("_in_test"))
+        with_windows(lf, settings, points)
         .group_by(USER, maintain_order=True)
-        .agg(
-            (~pl.col("_in_val") & ~pl.col("_in_test")).sum().cast(pl.Int32).alias(TRAIN_END),
-            first("_in_val").alias(VAL_TARGET),
-            (~pl.col("_in_test")).sum().cast(pl.Int32).alias(TEST_START),
-            first("_in_test").alias(TEST_TARGET),
-        )
+        .agg(split_aggregations(settings))
+    )
+
+
+def training_events(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
+    """The events at positions ``< train_end`` (``lf`` as for :func:`split_positions`): what
+    vocabularies and statistics are fitted on. A temporal split's training window is the
+    events before the validation cut; the others' are the events outside both windows."""
+    if settings.method == "temporal":
+        return lf.filter(pl.col(TIMESTAMP) < points.val_start)
+    return (
+        with_windows(lf, settings, points)
+        .filter(~pl.col(_IN_VAL) & ~pl.col(_IN_TEST))
+        .drop(_IN_VAL, _IN_TEST)
     )

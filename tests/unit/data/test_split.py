@@ -115,11 +115,11 @@ def test_temporal_cuts_are_event_count_quantiles():
     ],
 )
 def test_training_events_are_the_positions_before_train_end(settings):
-    # the temporal shortcut (timestamp < validation cut) must select exactly what the
-    # positions say
+    # the temporal shortcut (timestamp < validation cut) and the window flags of the others
+    # must select exactly what the positions say
     points, got_positions = split(settings)
     ends = dict(got_positions.select(USER, TRAIN_END).iter_rows())
-    train = training_events(tiny_log(), got_positions.lazy(), settings, points).collect()
+    train = training_events(tiny_log(), settings, points).collect()
     expected = tiny_log().filter(
         pl.col(POSITION) < pl.col(USER).replace_strict(ends, return_dtype=pl.Int32)
     )
