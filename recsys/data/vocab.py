@@ -39,6 +39,9 @@ FILES = {
     "behaviors": "behaviors.parquet",
 }
 _KEY = "_attribute_key"
+# integer item ids whose range holds at most this many ids per item are encoded by a gather
+# from a table over the range (4 bytes per id), not by a join
+DENSE_IDS_PER_ITEM = 8
 
 
 @dataclass(frozen=True)
@@ -208,11 +211,39 @@ class Vocab:
         # prepared events' Enum of the same behaviours casts for free (a name look-up per row
         # took a quarter of this step at 1 M events)
         behavior = pl.col(behavior_column).cast(pl.Enum(self.behaviors), strict=False)
-        return lf.join(item_map, on=ITEM, how="left", maintain_order="left").with_columns(
-            pl.col(ITEM_INDEX).fill_null(UNK_IDX).cast(pl.Int32),
+        behavior_index = (
             (behavior.to_physical().cast(pl.Int8) + NUM_RESERVED)
             .fill_null(UNK_IDX)
-            .alias("behavior_index"),
+            .alias("behavior_index")
+        )
+        dense = self._dense_item_index()
+        if dense is not None:
+            return lf.with_columns(dense.alias(ITEM_INDEX), behavior_index)
+        return lf.join(item_map, on=ITEM, how="left", maintain_order="left").with_columns(
+            pl.col(ITEM_INDEX).fill_null(UNK_IDX).cast(pl.Int32), behavior_index
+        )
+
+    def _dense_item_index(self) -> pl.Expr | None:
+        """For integer item ids whose range holds at most :data:`DENSE_IDS_PER_ITEM` ids per
+        item (catalogue row numbers, most public logs): each event's item index by a gather
+        from a table over that range (UNK outside it and for the ids in it that are not
+        items), instead of a join (1 M events: ~5 ms against ~11 ms). ``None`` otherwise."""
+        ids = self.items[ITEM]
+        if not ids.dtype.is_integer() or ids.len() == 0:
+            return None
+        low, high = ids.min(), ids.max()
+        span = high - low + 1
+        if span > DENSE_IDS_PER_ITEM * ids.len():
+            return None
+        table = np.full(span, UNK_IDX, dtype=np.int32)
+        table[(ids - low).to_numpy()] = self.items[INDEX].to_numpy()
+        item = pl.col(ITEM)
+        offset = (item - low).clip(0, span - 1)  # (wraps outside the range: not used there)
+        return (
+            pl.when(item.is_between(low, high))
+            .then(pl.lit(pl.Series(table)).gather(offset))
+            .otherwise(UNK_IDX)
+            .cast(pl.Int32)
         )
 
     def item_attribute_table(self) -> list[list[int]]:

@@ -203,6 +203,35 @@ def test_encode_maps_unknown_items_and_behaviors(vocab):
     assert out["behavior_index"].to_list() == [2, 5, 4, UNK_IDX, 3]
 
 
+@pytest.mark.parametrize("dtype", [pl.Int64, pl.Int32, pl.Int16, pl.UInt64, pl.UInt8])
+@pytest.mark.parametrize("ids", [[5, 9, 7, 20], [5, 9, 7, 200]])  # a dense range, a sparse one
+def test_integer_ids_encode_as_the_join_does(dtype, ids, monkeypatch):
+    # integer ids over a short range are looked up in a table (vocab._dense_item_index), the
+    # others joined: both must give every id, in or out of the range, the same index
+    items = pl.DataFrame(
+        {
+            ITEM: pl.Series(ids, dtype=dtype),
+            INDEX: pl.Series([2, 3, 4, 5], dtype=pl.Int32),
+            ATTRIBUTE_INDICES: [[UNK_IDX]] * 4,
+            TRAIN_COUNT: [4, 3, 2, 1],
+        }
+    )
+    attributes = pl.DataFrame(schema={ATTRIBUTE: pl.String, INDEX: pl.Int32})
+    vocab = Vocab(items=items, attributes=attributes, behaviors=("view",))
+    low = -32768 if dtype in (pl.Int16, pl.Int32, pl.Int64) else 0
+    high = 255 if dtype == pl.UInt8 else 30_000
+    values = [*ids, 6, None, 0, 1, 4, 21, 199, 201, low, high]
+    events = pl.LazyFrame({ITEM: pl.Series(values, dtype=dtype), EVENT_TYPE: ["view"] * 14})
+    dense = vocab.encode(events, behavior_column=EVENT_TYPE).collect()
+    assert (vocab._dense_item_index() is not None) == (ids[-1] == 20)
+    monkeypatch.setattr("recsys.data.vocab.DENSE_IDS_PER_ITEM", 0)  # always the join
+    assert vocab._dense_item_index() is None
+    joined = vocab.encode(events, behavior_column=EVENT_TYPE).collect()
+    assert_frame_equal(dense, joined)
+    assert dense[ITEM_INDEX].to_list()[:4] == [2, 3, 4, 5]
+    assert set(dense[ITEM_INDEX].to_list()[4:]) == {UNK_IDX}
+
+
 def test_behavior_indices_follow_funnel_order(vocab):
     out = vocab.encode(
         pl.LazyFrame({ITEM: ["a"] * 4, EVENT_TYPE: list(BEHAVIORS)}), behavior_column=EVENT_TYPE
