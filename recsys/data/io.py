@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import polars as pl
+import pyarrow.parquet as pq
 
 from recsys.schema import ATTRIBUTES, CANONICAL_COLUMNS, CATEGORY, ITEM, TIMESTAMP, EventSchema
 
@@ -98,9 +99,7 @@ def _scan_files(
 ) -> pl.LazyFrame:
     """The files of a folder or glob ``source`` (under ``root``) as one LazyFrame, in name
     order; hidden files (see :func:`_hidden`) are left out."""
-    files = [p for p in files if p.is_file() and _suffix(p) in SUPPORTED_SUFFIXES]
-    hidden = [p for p in files if _hidden(p, root)]
-    files = [p for p in files if p not in hidden]
+    files, hidden = _listed(files, root)
     if hidden:
         log.warning(
             "%s: leaving out %d file(s) whose name or folder starts with '_' or '.' (work files "
@@ -122,6 +121,24 @@ def _scan_files(
     frames = [_wanted_of(_scan_file(p, columns), p, source, columns) for p in files]
     _check_mixed_types(source, files, frames, columns)
     return pl.concat(frames, how="vertical_relaxed")
+
+
+def _listed(files: list[Path], root: Path) -> tuple[list[Path], list[Path]]:
+    """The readable files among ``files`` (under ``root``), and the hidden ones left out."""
+    files = [p for p in files if p.is_file() and _suffix(p) in SUPPORTED_SUFFIXES]
+    hidden = [p for p in files if _hidden(p, root)]
+    return [p for p in files if p not in hidden], hidden
+
+
+def _source_files(path: Path) -> list[Path]:
+    """The files a path source reads (a file, a folder's files or a glob's), as
+    :func:`_scan_file` finds them."""
+    if not path.exists() and glob.has_magic(str(path)):
+        matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+        return _listed(matches, _glob_root(str(path)))[0]
+    if path.is_dir():
+        return _listed(sorted(path.rglob("*")), path)[0]
+    return [path] if path.is_file() else []
 
 
 def _glob_root(pattern: str) -> Path:
@@ -381,6 +398,59 @@ def scan_events(source: EventSource, schema: EventSchema) -> pl.LazyFrame:
     lf = _as_lazy(source, name, _wanted(schema.columns))
     lf = select_mapped(lf, schema.columns, name=name, option="data.columns")
     return lf.select([c for c in CANONICAL_COLUMNS if schema.has(c)])
+
+
+# the optimizations that keep read_side_by_side's scans apart (common subplans shared, the
+# groups would read through one scan again)
+SIDE_BY_SIDE = pl.QueryOptFlags(comm_subplan_elim=False)
+
+
+def read_side_by_side(lf: pl.LazyFrame, source: EventSource, schema: EventSchema) -> pl.LazyFrame:
+    """``lf`` (:func:`scan_events` of ``source``) reading its columns in groups side by side,
+    one per thread, when ``source`` is Parquet with fewer files, and files with fewer row
+    groups, than polars has threads; otherwise ``lf`` itself.
+
+    polars decodes the row groups of a file in parallel but the columns of one row group one
+    after another, so a file of one row group (what pyarrow and pandas write up to 1 Mi rows)
+    reads on one core. A horizontal concat of projections of ``lf`` scans the file once per
+    group, side by side in the streaming engine, and stays lazy (1 M events on 2 cores: the raw
+    read 27 ms against 44 ms). Groups are balanced by the columns' decoding work (values and
+    page bytes). Collect it with ``comm_subplan_elim`` off (:data:`SIDE_BY_SIDE`), or polars
+    shares one scan between the groups; and count rows on ``lf``, whose count reads only the
+    files' footers where the concat's decodes columns.
+    """
+    threads = pl.thread_pool_size()
+    if threads < 2 or not isinstance(source, (str, os.PathLike)):
+        return lf
+    files = _source_files(Path(source))
+    if not files or len(files) >= threads or any(_suffix(p) != ".parquet" for p in files):
+        return lf
+    names = lf.collect_schema().names()
+    if len(names) < 2:
+        return lf
+    file_columns = {column: canonical for canonical, column in schema.columns.items() if column}
+    size = dict.fromkeys(names, 0)
+    try:
+        for path in files:
+            meta = pq.read_metadata(path)
+            if meta.num_row_groups >= threads:
+                return lf  # polars reads the row groups in parallel already
+            for index in range(meta.num_row_groups):
+                row_group = meta.row_group(index)
+                for leaf in range(row_group.num_columns):
+                    chunk = row_group.column(leaf)
+                    canonical = file_columns.get(chunk.path_in_schema.split(".", 1)[0])
+                    if canonical in size:  # decoding costs as much per value as per 8 bytes
+                        size[canonical] += 8 * chunk.num_values + chunk.total_uncompressed_size
+    except Exception:  # an unreadable footer: the read itself reports the file
+        return lf
+    groups: list[list[str]] = [[] for _ in range(min(threads, len(names)))]
+    load = [0] * len(groups)
+    for name in sorted(names, key=lambda n: -size[n]):
+        lightest = load.index(min(load))
+        groups[lightest].append(name)
+        load[lightest] += size[name]
+    return pl.concat([lf.select(group) for group in groups], how="horizontal").select(names)
 
 
 def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFrame:

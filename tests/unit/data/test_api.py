@@ -21,7 +21,7 @@ def log() -> pl.DataFrame:
 
 def test_pandas_polars_lazy_and_path_give_the_same_dataset(log, tmp_path):
     path = tmp_path / "log.parquet"
-    log.write_parquet(path)
+    log.write_parquet(path)  # one row group: read side by side (io.read_side_by_side)
     results = {
         name: rd.prepare(source, tmp_path / name, **OPTIONS)
         for name, source in {

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from recsys.data.io import DataError
+from recsys.data.io import SIDE_BY_SIDE, DataError, read_side_by_side, scan_events
 from recsys.data.pipeline import PrepareSettings, load_events, prepare_dataset
 from recsys.data.synthetic import generate_events
 from recsys.data.validate import BadRowPolicy
@@ -632,6 +632,38 @@ def test_same_log_from_csv_parquet_pandas_and_polars(tmp_path, small_log):
     assert_frame_equal(reference, expected)
     for source in (csv, str(csv), parquet, pq_suffix, small_log.lazy(), small_log.to_pandas()):
         assert_frame_equal(load_events(source, schema), reference)
+
+
+def test_parquet_of_one_row_group_reads_its_columns_side_by_side(tmp_path, small_log):
+    # polars decodes one row group's columns on one core; read_side_by_side scans each group
+    # of columns on its own, and the rows must come out as the plain scan's, in order
+    schema = EventSchema()
+    file = tmp_path / "log.parquet"
+    small_log.write_parquet(file)  # one row group
+    folder = tmp_path / "one"
+    folder.mkdir()
+    small_log.write_parquet(folder / "part-0.parquet")
+    threads = pl.thread_pool_size()
+    for source in (file, str(file), folder, str(folder / "*.parquet")):
+        raw = scan_events(source, schema)
+        split = read_side_by_side(raw, source, schema)
+        assert_frame_equal(split.collect(optimizations=SIDE_BY_SIDE), raw.collect())
+        if threads >= 2:
+            plan = split.explain(optimizations=SIDE_BY_SIDE)
+            assert "HCONCAT" in plan and plan.count("Parquet SCAN") == min(threads, 5), plan
+    # left as they are: CSV (every group would parse the whole text), frames, files whose row
+    # groups polars reads in parallel already, folders of as many files as threads
+    csv = tmp_path / "log.csv"
+    small_log.write_csv(csv)
+    row_groups = tmp_path / "row_groups.parquet"
+    small_log.write_parquet(row_groups, row_group_size=-(-small_log.height // max(threads, 2)))
+    many = tmp_path / "many"
+    many.mkdir()
+    for part in range(max(threads, 2)):
+        small_log.write_parquet(many / f"part-{part}.parquet")
+    for source in (csv, small_log, small_log.to_pandas(), row_groups, many):
+        raw = scan_events(source, schema)
+        assert read_side_by_side(raw, source, schema) is raw
 
 
 def test_folder_of_parquet_files_is_read_as_one_log(tmp_path, small_log):
