@@ -32,8 +32,19 @@ Serving contract. An export folder holds:
   target-attention re-rank head (stage 2) is not exported, so a model whose head is trained
   (``training.rerank_top_n > 0``, the target-attention objective of ``atrank_faithful``) is
   logged with a warning and marked here; its exported scores rank as scoring with
-  ``retrieval.rerank_top_n=0`` does. ``transition_prior`` likewise: a model trained with
-  ``training.transition_prior`` is exported without it (logged with a warning).
+  ``retrieval.rerank_top_n=0`` does. ``transition_prior``: ``"none"``, or the weight of the
+  model's transition prior (``training.transition_prior``), which the export carries (below).
+- With a transition prior, ``item_table.pt`` also holds its counts as a CSR matrix by the earlier
+  item: ``transition_row_start`` (I + 1,), ``transition_next_item`` and ``transition_count``
+  (P,) int64. The served scores then add, for each user's most recent item ``last =
+  item[b, T-1]`` (none for PAD and UNK, indices 0 and 1)::
+
+      e = transition_row_start[last] : transition_row_start[last + 1]
+      scores[b, transition_next_item[e]] += weight * log(1 + transition_count[e])
+
+  which is what evaluation and scoring add (:class:`recsys.model.transition.TransitionPrior`);
+  an item index gains nothing from it when no item follows ``last`` in training, so an ANN index
+  over ``keys`` stays exact when its top K is merged with ``last``'s successors.
 - ``vocab.json`` (only when exporting a :class:`recsys.checkpoint.LoadedModel`): what turns raw
   events into inputs and indices back into item ids: ``item_id[i - 2]`` is the id of index ``i``,
   the behaviour names (index 2, 3, ...), the time-bucket settings and the event schema.
@@ -59,6 +70,7 @@ import torch
 from torch import nn
 
 from recsys.checkpoint import LoadedModel
+from recsys.model.transition import TransitionCounts, TransitionPrior
 from recsys.schema import NUM_RESERVED, PAD_IDX
 
 log = logging.getLogger(__name__)
@@ -166,6 +178,7 @@ class ExportedModel:
     bias: torch.Tensor  # (I,), -inf for PAD and UNK
     metadata: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
+    transition_prior: TransitionPrior | None = None  # added to the scores when present
 
     @torch.no_grad()
     def encode(
@@ -188,10 +201,14 @@ class ExportedModel:
         padding_mask: torch.Tensor,
         query_time_bucket: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``query @ keys.T + bias`` for every item. Shapes: inputs (B, T) -> scores (B, I),
-        -inf in the PAD and UNK columns."""
+        """``query @ keys.T + bias`` for every item, plus the transition prior's term when the
+        model has one (module docstring). Shapes: inputs (B, T) -> scores (B, I), -inf in the
+        PAD and UNK columns."""
         query = self.encode(item, behavior, time_bucket, padding_mask, query_time_bucket)
-        return query @ self.keys.T + self.bias
+        scores = query @ self.keys.T + self.bias
+        if self.transition_prior is not None:
+            scores = self.transition_prior.add_to(scores, item[:, -1])
+        return scores
 
 
 def export_model(
@@ -237,7 +254,11 @@ def export_model(
 
     metadata = _metadata(encoder, config, keys, bias, max_seq_len)
     metadata["rerank_head"] = _rerank_head(encoder)
-    metadata["transition_prior"] = _transition_prior(loaded)
+    prior = loaded.transition_prior if loaded is not None else None
+    metadata["transition_prior"] = "none" if prior is None else {"weight": prior.weight}
+    table = {"keys": keys, "bias": bias}
+    if prior is not None:
+        table.update({f"transition_{k}": v for k, v in prior.counts.to_plain().items()})
     if loaded is not None:
         metadata["checkpoint"] = {
             "path": str(loaded.path),
@@ -257,7 +278,7 @@ def export_model(
     tmp.mkdir()
     try:
         torch.jit.save(user_encoder, str(tmp / ENCODER_FILE))
-        torch.save({"keys": keys, "bias": bias}, tmp / ITEM_TABLE_FILE)
+        torch.save(table, tmp / ITEM_TABLE_FILE)
         _write_json(tmp / METADATA_FILE, metadata)
         if loaded is not None:
             _write_json(tmp / VOCAB_FILE, _vocab_plain(loaded))
@@ -294,12 +315,17 @@ def load_exported(folder: str | Path) -> ExportedModel:
     user_encoder = torch.jit.load(str(folder / ENCODER_FILE), map_location="cpu")
     user_encoder.eval()
     table = torch.load(folder / ITEM_TABLE_FILE, map_location="cpu", weights_only=True)
+    prior = metadata.get("transition_prior")
+    if isinstance(prior, dict):
+        counts = {k: table[f"transition_{k}"] for k in ("row_start", "next_item", "count")}
+        prior = TransitionPrior(TransitionCounts.from_plain(counts), prior["weight"])
     return ExportedModel(
         user_encoder=user_encoder,
         keys=table["keys"],
         bias=table["bias"],
         metadata=metadata,
         folder=folder,
+        transition_prior=prior if isinstance(prior, TransitionPrior) else None,
     )
 
 
@@ -402,21 +428,6 @@ def _rerank_head(encoder: nn.Module) -> str:
         SCORING,
     )
     return "trained, not exported: scores are stage 1 only (retrieval.rerank_top_n=0)"
-
-
-def _transition_prior(model: LoadedModel | None) -> str:
-    """Whether the model's scores include a transition prior (``training.transition_prior``),
-    which is not exported: the served scores are the encoder's alone."""
-    if model is None or model.transition_prior is None:
-        return "none"
-    log.warning(
-        "%s adds a transition prior (weight %s) to its scores, which the export leaves out: "
-        "the exported scores (%s) rank like the model without it",
-        model.path,
-        model.transition_prior.weight,
-        SCORING,
-    )
-    return f"weight {model.transition_prior.weight}, not exported: scores are the encoder's alone"
 
 
 def _warn_if_zero_bucket_is_not_none(encoder: nn.Module) -> None:

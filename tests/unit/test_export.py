@@ -3,9 +3,12 @@ Python encoder, for any batch size and sequence length, and the folder is writte
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +20,8 @@ from recsys.export import INPUT_NAMES, export_model, load_exported
 from recsys.model import ATRank
 from recsys.model.gru4rec import GRU4Rec
 from recsys.model.sasrec import SASRec
-from recsys.schema import PAD_IDX, EventSchema
+from recsys.model.transition import TransitionCounts, TransitionPrior
+from recsys.schema import PAD_IDX, UNK_IDX, EventSchema
 
 # TorchScript is deprecated in recent torch; the export still works and is what is tested here.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -332,6 +336,42 @@ def test_a_trained_rerank_head_is_named_not_silently_dropped(tmp_path, caplog):
     assert meta["rerank_head"].startswith("trained, not exported")
     export_model(make_encoder("sasrec"), tmp_path / "sasrec")  # has no head
     assert json.loads((tmp_path / "sasrec" / "export.json").read_text())["rerank_head"] == "none"
+
+
+def test_a_transition_prior_is_exported_and_added_to_the_served_scores(tmp_path):
+    """training.transition_prior: the export carries the counts and the weight, and the served
+    scores are the encoder's plus weight * log(1 + count(last item -> item)), as evaluation and
+    scoring rank them; UNK as the last item adds nothing."""
+    encoder = make_encoder("atrank")
+    loaded = load_checkpoint(write_checkpoint(encoder, encoder.config, tmp_path / "model.ckpt"))
+    # user 0: 3 4 3 4 3 7 (all training); user 1: UNK 5 4 3 (all training)
+    item = np.array([3, 4, 3, 4, 3, 7, 1, 5, 4, 3])
+    counts = TransitionCounts.from_sequences(
+        item, np.array([0, 6, 10]), np.array([6, 4]), SIZES["num_items"]
+    )
+    prior = TransitionPrior(counts, 0.75)
+    files = export_model(dataclasses.replace(loaded, transition_prior=prior), tmp_path / "export")
+    assert json.loads(files["metadata"].read_text())["transition_prior"] == {"weight": 0.75}
+    table = torch.load(files["item_table"], weights_only=True)
+    assert torch.equal(table["transition_count"], counts.count)
+
+    batch = make_batch([4, 8, 1], 8, seed=7)
+    batch.item[:, -1] = torch.tensor([3, UNK_IDX, 4])  # the most recent items
+    inputs = batch.model_inputs()
+    plain = python_scores(loaded.encoder, *inputs)
+    got = load_exported(tmp_path / "export").score(*inputs)
+    assert_same_scores(got, prior.add_to(plain, batch.item[:, -1]))
+    gain = got - plain
+    assert gain[0, 4] == pytest.approx(0.75 * math.log(3))  # 3 -> 4 twice
+    assert gain[0, 7] == pytest.approx(0.75 * math.log(2))  # 3 -> 7 once
+    assert gain[2, 3] == pytest.approx(0.75 * math.log(4))  # 4 -> 3 three times
+    assert torch.count_nonzero(gain[0, 2:]) == 2 and torch.count_nonzero(gain[1, 2:]) == 0
+    assert (
+        json.loads((export_model(loaded, tmp_path / "plain")["metadata"]).read_text())[
+            "transition_prior"
+        ]
+        == "none"
+    )
 
 
 def test_indices_outside_the_tables_are_named(tmp_path):
