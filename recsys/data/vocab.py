@@ -201,7 +201,6 @@ class Vocab:
 
         Item ids of another type than the vocabulary's are cast to it first (``"42"`` finds
         item 42; ``"abc"`` in an integer vocabulary is UNK)."""
-        item_map = self.items.lazy().select(ITEM, pl.col(INDEX).alias(ITEM_INDEX))
         vocab_dtype, log_dtype = self.items.schema[ITEM], lf.collect_schema()[ITEM]
         if log_dtype != vocab_dtype:
             # An id that cannot be cast (text in an integer vocabulary) cannot be known: UNK.
@@ -219,6 +218,7 @@ class Vocab:
         dense = self._dense_item_index()
         if dense is not None:
             return lf.with_columns(dense.alias(ITEM_INDEX), behavior_index)
+        item_map = self.items.lazy().select(ITEM, pl.col(INDEX).alias(ITEM_INDEX))
         return lf.join(item_map, on=ITEM, how="left", maintain_order="left").with_columns(
             pl.col(ITEM_INDEX).fill_null(UNK_IDX).cast(pl.Int32), behavior_index
         )
