@@ -7,7 +7,7 @@ Stages (each a streaming pass or a loop over user partitions; nothing holds the 
     per partition: set bad rows aside, sort, find repeats, clip to the time window, then
       [k-core membership                          iterative, one streaming pass per round;
                                                   only with min_item_events > 1]
-      user filter / k-core, keep last N per user, sessionize, positions
+      user filter / k-core, keep last N per user, sessionize
     temporal cut times                            one column, streamed
     vocab.fit(training window only)               streamed aggregates
     per partition: encode, one row per user       -> sequences.parquet
@@ -552,7 +552,6 @@ def _prepare(
                 gap_seconds=settings.session_gap_seconds,
                 has_session_id=schema.has(SESSION),
             )
-            .pipe(transforms.add_position)
             .collect(engine=LOCAL)
         )
         counters["kcore"] += events.height - kept.height

@@ -32,7 +32,7 @@ from datetime import datetime
 
 import polars as pl
 
-from recsys.data.transforms import POSITION
+from recsys.data.transforms import position_in_user
 from recsys.data.validate import check_number, names
 from recsys.schema import EVENT_TYPE, TIMESTAMP, USER
 
@@ -123,40 +123,51 @@ def temporal_cuts(
 
 
 _IN_VAL, _IN_TEST = "_in_val", "_in_test"
+_AT, _LATER = "_at", "_later"  # the event's row in the frame; not the user's first event
 
 
 def with_windows(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
     """``lf`` with each event's window as two flags, ``_in_val`` and ``_in_test`` (neither:
-    training), for :func:`split_aggregations` and :func:`training_events`.
+    training), and what :func:`split_aggregations` finds positions with: ``_at``, the
+    event's row in ``lf``, and ``_later``, false for a user's first event.
 
-    ``lf`` must be sorted by user and time and carry ``position``.
+    ``lf`` must be sorted by user and time. A position is ``_at`` less the user's first
+    ``_at``: a global row number and a comparison with the row before cost less than numbering
+    each user's events (1 M events: 7 ms against 10 ms for the whole group-by, warm).
     """
+    user = pl.col(USER)
     if settings.method == "temporal":
         ts = pl.col(TIMESTAMP)
         in_val = (ts >= points.val_start) & (ts < points.test_start)
         in_test = ts >= points.test_start
     else:
-        position = pl.col(POSITION)
+        position = position_in_user()
         holdout = 1 if settings.method == "leave_one_out" else settings.holdout_events
         n = pl.len().over(USER).cast(pl.Int64)
         in_test = position >= n - holdout
         in_val = (position >= n - 2 * holdout) & ~in_test
-    return lf.with_columns(in_val.alias(_IN_VAL), in_test.alias(_IN_TEST))
+    return lf.with_columns(
+        in_val.alias(_IN_VAL),
+        in_test.alias(_IN_TEST),
+        pl.int_range(pl.len(), dtype=pl.get_index_type()).alias(_AT),
+        user.eq(user.shift(1)).fill_null(False).alias(_LATER),
+    )
 
 
 def split_aggregations(settings: SplitSettings) -> list[pl.Expr]:
     """The :data:`SPLIT_COLUMNS` of one user, as aggregations of a ``group_by(user_id)`` over
     :func:`with_windows`' output (so that one pass can also gather the user's sequences)."""
-    position = pl.col(POSITION)
+    at = pl.col(_AT)
     is_target = (
         pl.col(EVENT_TYPE).is_in(list(settings.target_behaviors))
         if settings.target_behaviors
         else pl.lit(True)
     )
-    eligible = is_target & (position >= 1)
+    eligible = is_target & pl.col(_LATER)
 
     def first(window: str) -> pl.Expr:
-        return position.filter(pl.col(window) & eligible).min().fill_null(-1).cast(pl.Int32)
+        position = at.filter(pl.col(window) & eligible).min() - at.min()
+        return position.cast(pl.Int32).fill_null(-1)
 
     return [
         (~pl.col(_IN_VAL) & ~pl.col(_IN_TEST)).sum().cast(pl.Int32).alias(TRAIN_END),
@@ -169,7 +180,7 @@ def split_aggregations(settings: SplitSettings) -> list[pl.Expr]:
 def split_positions(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoints) -> pl.LazyFrame:
     """One row per user: ``user_id, train_end, val_target, test_start, test_target`` (lazy).
 
-    ``lf`` must be sorted by user and time and carry ``position``.
+    ``lf`` must be sorted by user and time.
     """
     return (
         with_windows(lf, settings, points)
@@ -187,5 +198,5 @@ def training_events(lf: pl.LazyFrame, settings: SplitSettings, points: SplitPoin
     return (
         with_windows(lf, settings, points)
         .filter(~pl.col(_IN_VAL) & ~pl.col(_IN_TEST))
-        .drop(_IN_VAL, _IN_TEST)
+        .drop(_IN_VAL, _IN_TEST, _AT, _LATER)
     )
