@@ -497,6 +497,7 @@ def _prepare(
     enforce(
         bad, settings.bad_rows, source_name=name, examples=typed_all, schema=schema, as_of=as_of
     )
+    has_problems = bool(bad)  # bad rows in some partition (the good rows need a filter)
     clock.lap("read")
 
     # 2. per partition: sort, duplicates, time window (quarantine what is set aside), then
@@ -510,8 +511,10 @@ def _prepare(
         digest[0] = (digest[0] + df[_HASH].sum()) % 2**64  # (polars' UInt64 sum wraps too)
         # Bad rows leave before the sort (which then moves a slimmer frame), and cannot
         # duplicate a good row: their problem comes from the very values a duplicate shares.
-        bad_rows = df.filter(pl.col(PROBLEM).is_not_null()).drop(_HASH)
-        good = _keep(df, pl.col(PROBLEM).is_null()).drop(_HASH, *_BAD_ROW_COLUMNS)
+        # (a log without problems, the usual case, skips both passes over every row)
+        bad_rows = df.filter(pl.col(PROBLEM).is_not_null()) if has_problems else df.clear()
+        good = _keep(df, pl.col(PROBLEM).is_null()) if has_problems else df
+        bad_rows, good = bad_rows.drop(_HASH), good.drop(_HASH, *_BAD_ROW_COLUMNS)
         good = transforms.in_event_order(good)
         first = transforms.first_occurrence(good)
         duplicates = (
