@@ -130,14 +130,22 @@ def _listed(files: list[Path], root: Path) -> tuple[list[Path], list[Path]]:
     return [p for p in files if p not in hidden], hidden
 
 
+def _expanded(path: Path) -> tuple[list[Path], Path] | None:
+    """A glob's matches or a folder's contents (sorted), with the folder their hidden names
+    are judged under; ``None`` for a single path."""
+    if not path.exists() and glob.has_magic(str(path)):
+        return sorted(Path(p) for p in glob.glob(str(path), recursive=True)), _glob_root(str(path))
+    if path.is_dir():
+        return sorted(path.rglob("*")), path
+    return None
+
+
 def _source_files(path: Path) -> list[Path]:
     """The files a path source reads (a file, a folder's files or a glob's), as
     :func:`_scan_file` finds them."""
-    if not path.exists() and glob.has_magic(str(path)):
-        matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-        return _listed(matches, _glob_root(str(path)))[0]
-    if path.is_dir():
-        return _listed(sorted(path.rglob("*")), path)[0]
+    expanded = _expanded(path)
+    if expanded is not None:
+        return _listed(*expanded)[0]
     return [path] if path.is_file() else []
 
 
@@ -154,14 +162,12 @@ def _scan_file(
     """A CSV / Parquet file, folder or glob as a LazyFrame. ``columns`` names the columns wanted
     from a CSV, True for an id or name column (see :func:`_csv_types`); ``option`` is the
     setting that names it (``data.source`` or ``data.items``)."""
-    if not path.exists() and glob.has_magic(str(path)):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-        return _scan_files(path, files, _glob_root(str(path)), columns)
+    expanded = _expanded(path)
+    if expanded is not None:
+        return _scan_files(path, *expanded, columns)
     if not path.exists():
         what = "item table" if option == "data.items" else "event log"
         raise DataError(f"{what} {path} does not exist: check {option}")
-    if path.is_dir():
-        return _scan_files(path, sorted(path.rglob("*")), path, columns)
     suffix = _suffix(path)
     if suffix not in SUPPORTED_SUFFIXES:
         raise DataError(

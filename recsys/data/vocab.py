@@ -14,6 +14,7 @@ Python lists (inside checkpoints loaded with ``torch.load(weights_only=True)``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -215,7 +216,7 @@ class Vocab:
             .fill_null(UNK_IDX)
             .alias("behavior_index")
         )
-        dense = self._dense_item_index()
+        dense = self._dense_item_index
         if dense is not None:
             return lf.with_columns(dense.alias(ITEM_INDEX), behavior_index)
         item_map = self.items.lazy().select(ITEM, pl.col(INDEX).alias(ITEM_INDEX))
@@ -223,6 +224,7 @@ class Vocab:
             pl.col(ITEM_INDEX).fill_null(UNK_IDX).cast(pl.Int32), behavior_index
         )
 
+    @functools.cached_property  # built once, not once per partition encoded
     def _dense_item_index(self) -> pl.Expr | None:
         """For integer item ids whose range holds at most :data:`DENSE_IDS_PER_ITEM` ids per
         item (catalogue row numbers, most public logs): each event's item index by a gather

@@ -223,9 +223,10 @@ def test_integer_ids_encode_as_the_join_does(dtype, ids, monkeypatch):
     values = [*ids, 6, None, 0, 1, 4, 21, 199, 201, low, high]
     events = pl.LazyFrame({ITEM: pl.Series(values, dtype=dtype), EVENT_TYPE: ["view"] * 14})
     dense = vocab.encode(events, behavior_column=EVENT_TYPE).collect()
-    assert (vocab._dense_item_index() is not None) == (ids[-1] == 20)
+    assert (vocab._dense_item_index is not None) == (ids[-1] == 20)
     monkeypatch.setattr("recsys.data.vocab.DENSE_IDS_PER_ITEM", 0)  # always the join
-    assert vocab._dense_item_index() is None
+    vocab = Vocab(items=items, attributes=attributes, behaviors=("view",))  # (the table is cached)
+    assert vocab._dense_item_index is None
     joined = vocab.encode(events, behavior_column=EVENT_TYPE).collect()
     assert_frame_equal(dense, joined)
     assert dense[ITEM_INDEX].to_list()[:4] == [2, 3, 4, 5]
