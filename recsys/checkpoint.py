@@ -160,8 +160,11 @@ def model_digest(model: LoadedModel) -> str:
         "max_seq_len": model.max_seq_len,
         "target_behaviors": model.target_behaviors,
     }
-    if model.transition_prior is not None:  # (absent otherwise: earlier digests stay valid)
-        settings["transition_prior_weight"] = model.transition_prior.weight
+    prior = model.transition_prior
+    if prior is not None:  # (absent otherwise: earlier digests stay valid)
+        settings["transition_prior_weight"] = prior.weight
+        if prior.shape() != {"window": 1, "recent": 1, "decay": 1.0}:  # (likewise)
+            settings["transition_prior_shape"] = prior.shape()
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     if model.transition_prior is not None:
         for name, tensor in model.transition_prior.counts.to_plain().items():

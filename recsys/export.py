@@ -32,19 +32,21 @@ Serving contract. An export folder holds:
   target-attention re-rank head (stage 2) is not exported, so a model whose head is trained
   (``training.rerank_top_n > 0``, the target-attention objective of ``atrank_faithful``) is
   logged with a warning and marked here; its exported scores rank as scoring with
-  ``retrieval.rerank_top_n=0`` does. ``transition_prior``: ``"none"``, or the weight of the
-  model's transition prior (``training.transition_prior``), which the export carries (below).
+  ``retrieval.rerank_top_n=0`` does. ``transition_prior``: ``"none"``, or the model's
+  transition prior's settings (``training.transition_prior``): ``weight``, ``window`` (pairs
+  counted up to that many events apart), ``recent`` and ``decay``; the export carries its
+  counts (below).
 - With a transition prior, ``item_table.pt`` also holds its counts as a CSR matrix by the earlier
   item: ``transition_row_start`` (I + 1,), ``transition_next_item`` and ``transition_count``
-  (P,) int64. The served scores then add, for each user's most recent item ``last =
-  item[b, T-1]`` (none for PAD and UNK, indices 0 and 1)::
+  (P,) int64. The served scores then add, for each of a user's ``recent`` most recent items
+  ``h = item[b, T-j]``, ``j = 1 .. recent`` (none for PAD and UNK, indices 0 and 1)::
 
-      e = transition_row_start[last] : transition_row_start[last + 1]
-      scores[b, transition_next_item[e]] += weight * log(1 + transition_count[e])
+      e = transition_row_start[h] : transition_row_start[h + 1]
+      scores[b, transition_next_item[e]] += weight * decay**(j-1) * log(1 + transition_count[e])
 
   which is what evaluation and scoring add (:class:`recsys.model.transition.TransitionPrior`);
-  an item index gains nothing from it when no item follows ``last`` in training, so an ANN index
-  over ``keys`` stays exact when its top K is merged with ``last``'s successors.
+  an item index gains nothing from it when no item follows those items in training, so an ANN
+  index over ``keys`` stays exact when its top K is merged with their successors.
 - ``vocab.json`` (only when exporting a :class:`recsys.checkpoint.LoadedModel`): what turns raw
   events into inputs and indices back into item ids: ``item_id[i - 2]`` is the id of index ``i``,
   the behaviour names (index 2, 3, ...), the time-bucket settings and the event schema.
@@ -70,7 +72,7 @@ import torch
 from torch import nn
 
 from recsys.checkpoint import LoadedModel
-from recsys.model.transition import TransitionCounts, TransitionPrior
+from recsys.model.transition import TransitionPrior
 from recsys.schema import NUM_RESERVED, PAD_IDX
 
 log = logging.getLogger(__name__)
@@ -207,7 +209,7 @@ class ExportedModel:
         query = self.encode(item, behavior, time_bucket, padding_mask, query_time_bucket)
         scores = query @ self.keys.T + self.bias
         if self.transition_prior is not None:
-            scores = self.transition_prior.add_to(scores, item[:, -1])
+            scores = self.transition_prior.add_to(scores, item)
         return scores
 
 
@@ -255,7 +257,7 @@ def export_model(
     metadata = _metadata(encoder, config, keys, bias, max_seq_len)
     metadata["rerank_head"] = _rerank_head(encoder)
     prior = loaded.transition_prior if loaded is not None else None
-    metadata["transition_prior"] = "none" if prior is None else {"weight": prior.weight}
+    metadata["transition_prior"] = "none" if prior is None else prior.settings()
     table = {"keys": keys, "bias": bias}
     if prior is not None:
         table.update({f"transition_{k}": v for k, v in prior.counts.to_plain().items()})
@@ -318,7 +320,7 @@ def load_exported(folder: str | Path) -> ExportedModel:
     prior = metadata.get("transition_prior")
     if isinstance(prior, dict):
         counts = {k: table[f"transition_{k}"] for k in ("row_start", "next_item", "count")}
-        prior = TransitionPrior(TransitionCounts.from_plain(counts), prior["weight"])
+        prior = TransitionPrior.from_plain({**prior, **counts})
     return ExportedModel(
         user_encoder=user_encoder,
         keys=table["keys"],

@@ -11,10 +11,13 @@ training sequences (a sparse (I, I) matrix). Two things read it:
   well, and because it has no parameters to select, its validation and test numbers show how
   far apart the two splits lie on the data itself.
 - :class:`TransitionPrior` (``training.transition_prior``): a trained model's scores plus
-  ``weight * log(1 + count(last item -> item))``, the first-order Markov term of FPMC (Rendle
-  et al. 2010) added to a sequence model after training. A model regularised as strongly as
-  the P1 recipes are does not memorise every observed pair; the counts do (Beauty, one seed:
-  validation NDCG@10 +4 %, test +2.8 %: benchmarks/README.md, "Transition prior").
+  ``weight * sum_j decay^(j-1) * log(1 + count(j-th most recent item -> item))`` over the
+  user's ``recent`` most recent items, with pairs counted up to ``window`` steps apart. With
+  ``recent`` and ``window`` 1 it is the first-order Markov term of FPMC (Rendle et al. 2010)
+  added to a sequence model after training; wider, it is an item-to-item co-occurrence score
+  of the recent history (item-based neighbourhood methods). A model regularised as strongly as
+  the P1 recipes are does not memorise every observed pair; the counts do (benchmarks/README.md,
+  "Transition prior").
 """
 
 from __future__ import annotations
@@ -33,16 +36,19 @@ from recsys.schema import NUM_RESERVED, PAD_IDX
 
 @dataclass(frozen=True)
 class TransitionCounts:
-    """``count[e]`` times item ``next_item[e]`` directly followed item ``r`` in the training
-    sequences, for the entries ``e`` in ``row_start[r] : row_start[r + 1]`` (CSR rows by the
-    earlier item, columns sorted). Shapes: ``row_start`` (I + 1,), the others (P,) pairs."""
+    """``count[e]`` times item ``next_item[e]`` followed item ``r`` at most ``window`` events
+    later (1: directly) in the training sequences, for the entries ``e`` in ``row_start[r] :
+    row_start[r + 1]`` (CSR rows by the earlier item, columns sorted). Shapes: ``row_start``
+    (I + 1,), the others (P,) pairs."""
 
     row_start: torch.Tensor
     next_item: torch.Tensor
     count: torch.Tensor
+    window: int = 1
 
     def __post_init__(self) -> None:
         size = len(self.row_start) - 1
+        _check_whole("window", self.window)
         if (
             size < 0
             or len(self.next_item) != len(self.count)
@@ -60,9 +66,16 @@ class TransitionCounts:
 
     @classmethod
     def from_sequences(
-        cls, item: np.ndarray, offsets: np.ndarray, train_end: np.ndarray, num_items: int
+        cls,
+        item: np.ndarray,
+        offsets: np.ndarray,
+        train_end: np.ndarray,
+        num_items: int,
+        window: int = 1,
     ) -> TransitionCounts:
-        """Count consecutive pairs inside each user's training events.
+        """Count the pairs inside each user's training events at most ``window`` events apart
+        (1: consecutive), each distance once: ``a b c`` with window 2 counts a -> b, b -> c
+        and a -> c.
 
         ``item`` (N,) holds every user's encoded events back to back, user ``u`` at
         ``offsets[u]:offsets[u+1]``, of which the first ``train_end[u]`` are training events
@@ -70,26 +83,36 @@ class TransitionCounts:
         validation or test event are not counted. UNK (items below ``data.min_item_count``)
         counts as one item, as in PROTOCOLS.md's baseline; the prior reads no UNK row.
         """
+        _check_whole("window", window)
         lengths = np.diff(offsets)
         position = np.arange(len(item)) - np.repeat(offsets[:-1], lengths)
-        limit = np.repeat(np.minimum(train_end, lengths), lengths)
-        pair = np.flatnonzero(position[:-1] + 1 < limit[:-1])  # event i and i+1 both training
-        source, target = item[pair].astype(np.int64), item[pair + 1].astype(np.int64)
-        key, count = np.unique(source * num_items + target, return_counts=True)
+        limit = np.repeat(np.minimum(train_end, lengths), lengths)  # a user's training events
+        keys, counts = [], []
+        for distance in range(1, min(window, max(len(item) - 1, 1)) + 1):
+            head = len(item) - distance
+            pair = np.flatnonzero(position[:head] + distance < limit[:head])  # both training
+            source = item[pair].astype(np.int64)
+            key, count = np.unique(source * num_items + item[pair + distance], return_counts=True)
+            keys.append(key)
+            counts.append(count)
+        key, where = np.unique(np.concatenate(keys), return_inverse=True)  # sorted: CSR order
+        count = np.bincount(where, weights=np.concatenate(counts), minlength=len(key))
         row_start = np.searchsorted(key // num_items, np.arange(num_items + 1))
         return cls(
             torch.from_numpy(row_start).long(),
             torch.from_numpy(key % num_items).long(),
-            torch.from_numpy(count).long(),
+            torch.from_numpy(count.astype(np.int64)).long(),
+            window,
         )
 
     def to_plain(self) -> dict[str, torch.Tensor]:
-        """Tensors only: safe inside a ``weights_only`` checkpoint."""
+        """The CSR tensors (safe inside a ``weights_only`` checkpoint and an export's table);
+        :attr:`window` goes beside them (:meth:`TransitionPrior.to_plain`)."""
         return {"row_start": self.row_start, "next_item": self.next_item, "count": self.count}
 
     @classmethod
-    def from_plain(cls, plain: dict) -> TransitionCounts:
-        return cls(plain["row_start"], plain["next_item"], plain["count"])
+    def from_plain(cls, plain: dict, window: int = 1) -> TransitionCounts:
+        return cls(plain["row_start"], plain["next_item"], plain["count"], window)
 
 
 def row_entries(
@@ -150,69 +173,126 @@ class Transition(nn.Module):
 
 
 class TransitionPrior:
-    """``weight * log(1 + count(last item -> item))``, added to a model's scores of every
-    item (:meth:`add_to`) or of a candidate list (:meth:`candidates`).
+    """``weight * sum_j decay^(j-1) * log(1 + count(h_j -> item))``, ``h_1`` the user's most
+    recent item, ``h_2`` the one before, up to ``h_recent``, added to a model's scores of every
+    item (:meth:`add_to`) or of a candidate list (:meth:`candidates`). The counts are
+    :class:`TransitionCounts` (pairs at most ``counts.window`` events apart).
 
-    The term is 0 for every item that never followed the user's last item, so a ranking by
-    the sum is exact from the model's own top K plus the (few) items that did follow it: that
-    is how scoring applies it on top of any item index. Non-negative, so a rule that scores
-    an item 0 (P1's seen items) keeps meaning what it meant without it.
+    The term is 0 for every item that never followed one of the user's recent items, so a
+    ranking by the sum is exact from the model's own top K plus the (few) items that did
+    follow them: that is how scoring applies it on top of any item index. Non-negative, so a
+    rule that scores an item 0 (P1's seen items) keeps meaning what it meant without it.
 
     Example: counts 2 -> 3 twice and 2 -> 5 once, weight 1, last item 2: item 3 gains
-    log 3 = 1.10, item 5 log 2 = 0.69, every other item 0.
+    log 3 = 1.10, item 5 log 2 = 0.69, every other item 0. With ``recent=2``, ``decay=0.5``
+    and 4 -> 5 once, history ``[4, 2]`` gives item 5 log 2 + 0.5 log 2 = 1.04.
 
     A plain object, not a module: it holds no trained parameter, and weight averaging's deep
     copy of the training module shares it instead of copying the counts.
     """
 
-    def __init__(self, counts: TransitionCounts, weight: float):
-        if not (isinstance(weight, (int, float)) and not isinstance(weight, bool)) or not (
-            0 <= weight < math.inf
-        ):
+    def __init__(
+        self, counts: TransitionCounts, weight: float, recent: int = 1, decay: float = 1.0
+    ):
+        if not _is_number(weight) or not 0 <= weight < math.inf:
             raise ValueError(f"transition prior weight={weight!r} must be a number >= 0")
+        check_prior_settings(window=counts.window, recent=recent, decay=decay)
         self.counts = counts
         self.weight = float(weight)
+        self.recent = int(recent)
+        self.decay = float(decay)
         self._on: dict[torch.device, TransitionCounts] = {}
 
     def __deepcopy__(self, memo: dict) -> TransitionPrior:
         return self
 
-    def _entries(self, last: torch.Tensor):
-        """(counts on ``last``'s device, batch row, entry, position in row) of ``last``'s rows;
-        UNK's row (the successors of every rare item at once) is read as PAD's, empty."""
-        last = last.masked_fill(last < NUM_RESERVED, PAD_IDX)
-        counts = self._on.get(last.device)
+    def _terms(self, history: torch.Tensor):
+        """The prior's nonzero terms for ``history`` (B, T) items, most recent last (left
+        padding is PAD): (batch row, item, term) (E,) each, one entry per (row, item), sorted
+        by row then item. UNK's row (the successors of every rare item at once) is read as
+        PAD's, empty."""
+        recent = history[:, -self.recent :]
+        recent = recent.masked_fill(recent < NUM_RESERVED, PAD_IDX)
+        counts = self._on.get(recent.device)
         if counts is None:
-            counts = self._on[last.device] = TransitionCounts(
-                *(t.to(last.device) for t in self.counts.to_plain().values())
+            counts = self._on[recent.device] = TransitionCounts(
+                *(t.to(recent.device) for t in self.counts.to_plain().values()),
+                self.counts.window,
             )
-        return counts, *row_entries(counts.row_start, last)
+        rows, items, terms = [], [], []
+        for back in range(1, recent.shape[1] + 1):  # back 1: the most recent item
+            batch_row, entry, _ = row_entries(counts.row_start, recent[:, -back])
+            rows.append(batch_row)
+            items.append(counts.next_item[entry])
+            terms.append(self.decay ** (back - 1) * torch.log1p(counts.count[entry].float()))
+        row, item, term = torch.cat(rows), torch.cat(items), torch.cat(terms)
+        if recent.shape[1] == 1:  # one source row per batch row: already one entry per item
+            return row, item, self.weight * term
+        # the same item after several recent items: one entry, the terms summed
+        key, where = torch.unique(row * counts.num_items + item, return_inverse=True)
+        summed = torch.zeros(len(key), device=term.device).index_add_(0, where, term)
+        return key // counts.num_items, key % counts.num_items, self.weight * summed
 
-    def add_to(self, scores: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """Shapes: scores (B, I), last (B,) item indices -> (B, I), a new tensor (``scores``
-        itself with weight 0)."""
+    def add_to(self, scores: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """Shapes: scores (B, I), history (B, T) items, most recent last -> (B, I), a new
+        tensor (``scores`` itself with weight 0)."""
         if not self.weight:
             return scores
-        counts, batch_row, entry, _ = self._entries(last)
+        row, item, term = self._terms(history)
         boost = torch.zeros_like(scores)
-        boost[batch_row, counts.next_item[entry]] = torch.log1p(counts.count[entry].to(scores))
-        return scores + self.weight * boost
+        boost[row, item] = term.to(scores)
+        return scores + boost
 
-    def candidates(self, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Shapes: last (B,) -> items (B, M) that followed each row's last item, PAD-padded
-        (M: the longest row, at least 1), and their terms (B, M) (0 at padding)."""
-        counts, batch_row, entry, within = self._entries(last)
-        width = max(1, int(within.max()) + 1) if len(within) else 1
-        items = torch.zeros(len(last), width, dtype=torch.long, device=last.device)
-        terms = torch.zeros(len(last), width, device=last.device)
-        items[batch_row, within] = counts.next_item[entry]
-        terms[batch_row, within] = self.weight * torch.log1p(counts.count[entry].float())
+    def candidates(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shapes: history (B, T) -> items (B, M) with a term, each once, PAD-padded (M: the
+        longest row, at least 1), and their terms (B, M) (0 at padding)."""
+        row, item, term = self._terms(history)
+        size = torch.bincount(row, minlength=len(history))
+        within = torch.arange(len(row), device=row.device) - torch.repeat_interleave(
+            torch.cumsum(size, 0) - size, size
+        )
+        width = max(1, int(size.max())) if len(row) else 1
+        items = torch.zeros(len(history), width, dtype=torch.long, device=history.device)
+        terms = torch.zeros(len(history), width, device=history.device)
+        items[row, within] = item
+        terms[row, within] = term
         return items, terms
 
     def to_plain(self) -> dict:
-        """Tensors and a number only: safe inside a ``weights_only`` checkpoint."""
-        return {"weight": self.weight, **self.counts.to_plain()}
+        """Tensors and numbers only: safe inside a ``weights_only`` checkpoint."""
+        return {**self.settings(), **self.counts.to_plain()}
+
+    def settings(self) -> dict:
+        """The numbers that say what the prior adds (an export's metadata)."""
+        return {"weight": self.weight, **self.shape()}
+
+    def shape(self) -> dict:
+        """Which terms it adds, whatever their weight: ``training.transition_window``,
+        ``_recent`` and ``_decay``."""
+        return {"window": self.counts.window, "recent": self.recent, "decay": self.decay}
 
     @classmethod
     def from_plain(cls, plain: dict) -> TransitionPrior:
-        return cls(TransitionCounts.from_plain(plain), plain["weight"])
+        """Also reads a prior saved before ``window``, ``recent`` and ``decay`` (all 1)."""
+        counts = TransitionCounts.from_plain(plain, int(plain.get("window", 1)))
+        return cls(counts, plain["weight"], plain.get("recent", 1), plain.get("decay", 1.0))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_prior_settings(*, window: object, recent: object, decay: object) -> None:
+    """``training.transition_window``, ``_recent`` and ``_decay``, refused with their names."""
+    _check_whole("window", window)
+    _check_whole("recent", recent)
+    if not _is_number(decay) or not 0 < decay <= 1:
+        raise ValueError(
+            f"training.transition_decay={decay!r} must be a number in (0, 1]: the weight of "
+            "each older recent item relative to the one after it"
+        )
+
+
+def _check_whole(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"training.transition_{name}={value!r} must be a whole number >= 1")

@@ -134,7 +134,7 @@ def with_prior(
     model: torch.nn.Module,
     output: EncoderOutput,
     prior: TransitionPrior,
-    last: torch.Tensor,
+    history: torch.Tensor,
     items: torch.Tensor,
     scores: torch.Tensor,
     *,
@@ -142,12 +142,14 @@ def with_prior(
     exclude: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best ``D`` items by ``model score + prior`` from the model's best ``items`` (B, D)
-    with ``scores`` (B, D) (an index's search, rules applied), and the items that followed
-    each row's ``last`` item (B,). Exact: every other item gains 0, so none of them can pass
+    with ``scores`` (B, D) (an index's search, rules applied), and the items the prior gives a
+    term after each row's ``history`` (B, T), most recent last (the successors of its recent
+    items: :meth:`TransitionPrior.candidates`). Exact: every other item gains 0, so none of
+    them can pass
     the D-th of the model's own. ``blocked`` (I,) bool and ``exclude`` (B, T) items keep their
     rule for the prior's candidates too. Memory grows with B x (D + M), M the longest list of
     successors (no (B, D, M) comparison). Returns (scores, items), best first."""
-    candidates, terms = prior.candidates(last)  # (B, M)
+    candidates, terms = prior.candidates(history)  # (B, M)
     valid = candidates >= NUM_RESERVED
     if blocked is not None:
         valid &= ~blocked[candidates]

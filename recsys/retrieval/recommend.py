@@ -283,7 +283,7 @@ class Recommender:
                     self.encoder,
                     output,
                     prior,
-                    batch.item[:, -1],
+                    batch.item,
                     items,
                     scores,
                     blocked=self.blocked[: self.num_model_items],

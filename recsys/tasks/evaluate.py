@@ -22,7 +22,7 @@ from recsys.config import check_required
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
-from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
+from recsys.model.transition import Transition, TransitionPrior
 from recsys.tasks import prepare
 from recsys.tasks.train import data_arguments, store_transitions
 from recsys.tracking import Tracker, load_model, use_tracker
@@ -103,7 +103,13 @@ def prior_arguments(prior: TransitionPrior | None) -> dict:
     """The evaluation module's arguments for ``prior`` (None: none)."""
     if prior is None:
         return {"transition_prior": None}
-    return {"transition_prior": prior.weight, "transition_counts": prior.counts}
+    return {
+        "transition_prior": prior.weight,
+        "transition_window": prior.counts.window,
+        "transition_recent": prior.recent,
+        "transition_decay": prior.decay,
+        "transition_counts": prior.counts,
+    }
 
 
 def selection_metric(cfg: DictConfig) -> str:
@@ -121,24 +127,20 @@ def select_transition_prior(
     encoder: torch.nn.Module,
     vocab: Vocab,
     datamodule: SeqRecDataModule,
-    counts: TransitionCounts,
+    prior: TransitionPrior,
     device: torch.device,
 ) -> tuple[TransitionPrior, dict[str, float]]:
-    """``training.transition_prior=auto``: the weight of :data:`PRIOR_WEIGHTS` with the best
-    validation value of :func:`selection_metric` (ties: the smaller weight), and that value
-    at every weight (``transition_prior/val_<metric>_at_<weight>``). Validation only: the
-    test targets are not read."""
+    """``training.transition_prior=auto``: ``prior`` at the weight of :data:`PRIOR_WEIGHTS`
+    with the best validation value of :func:`selection_metric` (ties: the smaller weight),
+    and that value at every weight (``transition_prior/val_<metric>_at_<weight>``).
+    Validation only: the test targets are not read."""
     metric = selection_metric(cfg)
     loader = datamodule.target_loader("val")
     values = {}
     for weight in PRIOR_WEIGHTS:
+        weighted = TransitionPrior(prior.counts, weight, prior.recent, prior.decay)
         module = _evaluation_module(
-            cfg,
-            encoder,
-            vocab,
-            datamodule.stats,
-            transition_prior=weight,
-            transition_counts=counts,
+            cfg, encoder, vocab, datamodule.stats, **prior_arguments(weighted)
         )
         found = evaluate(module, loader, device=device, split="val", description=f"val {weight}")
         if metric not in found:
@@ -155,27 +157,38 @@ def select_transition_prior(
         {w: round(v, 4) for w, v in values.items()},
     )
     metrics = {f"transition_prior/val_{metric}_at_{w}": v for w, v in values.items()}
-    return TransitionPrior(counts, best), {**metrics, "transition_prior/weight": best}
+    chosen = TransitionPrior(prior.counts, best, prior.recent, prior.decay)
+    return chosen, {**metrics, "transition_prior/weight": best}
 
 
 def _model_prior(
-    cfg: DictConfig,
-    model,
-    datamodule: SeqRecDataModule,
-    transitions: TransitionCounts,
-    device: torch.device,
+    cfg: DictConfig, model, datamodule: SeqRecDataModule, device: torch.device
 ) -> tuple[TransitionPrior | None, dict[str, float]]:
     """The transition prior the model is evaluated with: the checkpoint's, unless
-    ``training.transition_prior`` says otherwise (a number: that weight; ``auto`` on a model
-    trained without one: ``transitions``, this prepared data's, the weight chosen on
-    validation). Returns the prior and the selection's metrics ({} without one)."""
+    ``training.transition_prior`` says otherwise: a number is that weight; ``auto`` the
+    weight chosen on validation, unless the checkpoint's prior has this command's shape
+    (its weight was chosen so already). Either way with this command's
+    ``training.transition_window``, ``_recent`` and ``_decay``, counted on this prepared
+    data. Returns the prior and the selection's metrics ({} without one)."""
     setting, prior = cfg.training.get("transition_prior"), model.transition_prior
-    if setting is None or (setting == "auto" and prior is not None):
+    training = cfg.training
+    shape = {
+        "window": training.transition_window,
+        "recent": training.transition_recent,
+        "decay": training.transition_decay,
+    }
+    if setting is None or (setting == "auto" and prior is not None and prior.shape() == shape):
         return prior, {}
-    counts = transitions if prior is None else prior.counts
+    counts = store_transitions(datamodule, training.transition_window)
+    prior = TransitionPrior(
+        counts,
+        0.0 if setting == "auto" else setting,
+        training.transition_recent,
+        training.transition_decay,
+    )
     if setting != "auto":
-        return TransitionPrior(counts, setting), {}
-    return select_transition_prior(cfg, model.encoder, model.vocab, datamodule, counts, device)
+        return prior, {}
+    return select_transition_prior(cfg, model.encoder, model.vocab, datamodule, prior, device)
 
 
 def run(
@@ -219,8 +232,8 @@ def run(
     datamodule.setup()
     train_counts = model.vocab.item_train_counts()
     stats = datamodule.stats
-    transitions = store_transitions(datamodule)  # the baseline's, and a prior's without one
-    prior, prior_metrics = _model_prior(cfg, model, datamodule, transitions, device)
+    transitions = store_transitions(datamodule)  # the first-order baseline's
+    prior, prior_metrics = _model_prior(cfg, model, datamodule, device)
     candidates = {
         "": _evaluation_module(cfg, model.encoder, model.vocab, stats, **prior_arguments(prior)),
         # one stage: popularity has nothing to re-rank with
@@ -255,9 +268,7 @@ def run(
             {
                 **protocol_tags(cfg, datamodule),
                 "protocol.transition_prior": (
-                    "none"
-                    if prior is None
-                    else f"weight {prior.weight} (training.transition_prior)"
+                    "none" if prior is None else f"{prior.settings()} (training.transition_prior)"
                 ),
                 **model_tags,
                 "task": cfg.task_name,
@@ -265,7 +276,7 @@ def run(
         )
     k = headline_k(cfg.training.metric_ks)
     if prior is not None:
-        log.info("the model's scores include the transition prior at weight %s", prior.weight)
+        log.info("the model's scores include the transition prior %s", prior.settings())
     for split in splits:
         log.info(
             "%s NDCG@%d %.4f (popularity %.4f, transition %.4f), "

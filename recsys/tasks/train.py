@@ -186,7 +186,11 @@ def check_model_settings(cfg: DictConfig) -> None:
             distillation=_distillation(cfg, lambda ref: encoder),
             # no transition seen yet: counted once the data is prepared
             transition_counts=TransitionCounts.from_sequences(
-                np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(0), num_items
+                np.zeros(0, dtype=np.int64),
+                np.zeros(1, dtype=np.int64),
+                np.zeros(0),
+                num_items,
+                cfg.training.transition_window,
             ),
         )
         _check_optimisation(module)
@@ -414,13 +418,14 @@ def data_arguments(vocab: Vocab, stats: Mapping[str, Any]) -> dict:
     }
 
 
-def store_transitions(datamodule: SeqRecDataModule) -> TransitionCounts:
-    """The item transitions of the prepared data's training sequences (the transition
-    baseline's and ``training.transition_prior``'s counts)."""
+def store_transitions(datamodule: SeqRecDataModule, window: int = 1) -> TransitionCounts:
+    """The item pairs at most ``window`` events apart in the prepared data's training
+    sequences: the transition baseline's counts (1) and ``training.transition_prior``'s
+    (``training.transition_window``)."""
     datamodule.setup()
     store = datamodule.store
     return TransitionCounts.from_sequences(
-        store.item, store.offsets, store.train_end, datamodule.vocab.num_items
+        store.item, store.offsets, store.train_end, datamodule.vocab.num_items, window
     )
 
 
@@ -432,7 +437,7 @@ def choose_prior_weight(cfg: DictConfig, best: Path, datamodule: SeqRecDataModul
     model = load_checkpoint(best)
     device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
     prior, metrics = select_transition_prior(
-        cfg, model.encoder, model.vocab, datamodule, model.transition_prior.counts, device
+        cfg, model.encoder, model.vocab, datamodule, model.transition_prior, device
     )
     set_transition_prior_weight(best, prior.weight)
     return metrics
@@ -836,7 +841,9 @@ def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> Tra
         encoder=encoder,
         distillation=distillation,
         transition_counts=(
-            None if cfg.training.get("transition_prior") is None else store_transitions(datamodule)
+            None
+            if cfg.training.get("transition_prior") is None
+            else store_transitions(datamodule, cfg.training.transition_window)
         ),
         **data_arguments(datamodule.vocab, datamodule.stats),
         checkpoint_extra=checkpoint_extra(

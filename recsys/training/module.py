@@ -70,7 +70,7 @@ from torch import nn
 from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
 from recsys.model.layers import _check_dropout
-from recsys.model.transition import TransitionCounts, TransitionPrior
+from recsys.model.transition import TransitionCounts, TransitionPrior, check_prior_settings
 from recsys.retrieval.ranker import (
     SEEN_POLICIES,
     apply_seen_policy,
@@ -144,6 +144,9 @@ class SeqRecModule(pl.LightningModule):
         unknown_targets: str = "skip",
         target_shares: Mapping[str, float] | None = None,
         transition_prior: float | str | None = None,
+        transition_window: int = 1,
+        transition_recent: int = 1,
+        transition_decay: float = 1.0,
         transition_counts: TransitionCounts | None = None,
         checkpoint_extra: dict | None = None,
     ):
@@ -241,7 +244,15 @@ class SeqRecModule(pl.LightningModule):
             )
         num_items = encoder.num_items
         real_items = num_items - NUM_RESERVED
-        prior = _transition_prior(transition_prior, transition_counts, num_items, rerank_top_n)
+        prior = _transition_prior(
+            transition_prior,
+            transition_counts,
+            num_items,
+            rerank_top_n,
+            window=transition_window,
+            recent=transition_recent,
+            decay=transition_decay,
+        )
         teachers, distill_weight, distill_temperature = _distillation_settings(
             distillation, num_items
         )
@@ -342,6 +353,9 @@ class SeqRecModule(pl.LightningModule):
                 "sampled_metrics": dict(sampled_metrics or {}),
                 "unknown_targets": unknown_targets,
                 "transition_prior": transition_prior,
+                "transition_window": transition_window,
+                "transition_recent": transition_recent,
+                "transition_decay": transition_decay,
             }
         )
 
@@ -590,8 +604,8 @@ class SeqRecModule(pl.LightningModule):
         # in the target's favour
         with torch.autocast(self.device.type, enabled=False):
             raw = self.encoder.score_items(output.query.float()).float()  # (B, I)
-        if self.transition_prior is not None:  # + weight * log(1 + count(last item -> item))
-            raw = self.transition_prior.add_to(raw, batch.item[:, -1])
+        if self.transition_prior is not None:  # + weight * log(1 + count(recent item -> item))
+            raw = self.transition_prior.add_to(raw, batch.item)
         # the (B, I) mask of each row's history, built once for every rule below that needs it
         needs_seen = self.seen_items != "keep" or self.sampled is not None
         seen = seen_mask(raw, batch.seen) if needs_seen else None
@@ -774,11 +788,21 @@ DISTILLATION_KEYS = ("teachers", "weight", "temperature")
 
 
 def _transition_prior(
-    setting: object, counts: TransitionCounts | None, num_items: int, rerank_top_n: int
+    setting: object,
+    counts: TransitionCounts | None,
+    num_items: int,
+    rerank_top_n: int,
+    *,
+    window: int,
+    recent: int,
+    decay: float,
 ) -> TransitionPrior | None:
     """``training.transition_prior`` -> the prior evaluation adds to the model's scores (None:
-    off). ``auto`` starts at weight 0: the train task chooses the weight on validation once
-    the best checkpoint is known."""
+    off), with ``training.transition_window``, ``_recent`` and ``_decay``. ``auto`` starts at
+    weight 0: the train task chooses the weight on validation once the best checkpoint is
+    known. The three settings are checked even with the prior off, so that a sweep's absurd
+    value is refused before it trains."""
+    check_prior_settings(window=window, recent=recent, decay=decay)
     if setting is None:
         return None
     if setting != "auto" and (
@@ -796,13 +820,14 @@ def _transition_prior(
             f"(training.rerank_top_n={rerank_top_n}) replaces for its top N: set one of them "
             "to 0/null"
         )
-    if counts is None or counts.num_items != num_items:
+    if counts is None or counts.num_items != num_items or counts.window != window:
         raise ValueError(
             "training.transition_prior needs the training sequences' transition counts for "
-            f"the model's {num_items} items (transition_counts, passed by recsys.tasks.train "
-            f"and recsys.tasks.evaluate; got {'none' if counts is None else counts.num_items})"
+            f"the model's {num_items} items, pairs up to {window} apart (transition_counts, "
+            "passed by recsys.tasks.train and recsys.tasks.evaluate; got "
+            f"{'none' if counts is None else f'{counts.num_items} items, {counts.window}'})"
         )
-    return TransitionPrior(counts, 0.0 if setting == "auto" else setting)
+    return TransitionPrior(counts, 0.0 if setting == "auto" else setting, recent, decay)
 
 
 class _Teachers(list):

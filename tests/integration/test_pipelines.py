@@ -1116,19 +1116,26 @@ NO_RERANK = ["training.rerank_top_n=0", "retrieval.rerank_top_n=0"]
 def test_transition_prior_auto_is_chosen_on_validation_saved_evaluated_and_scored(
     make_config, tmp_path
 ):
-    """training.transition_prior=auto through the main job: the weight chosen on validation is
-    written into the best checkpoint, and evaluation and scoring use it."""
+    """training.transition_prior=auto through the main job, with a wider prior (pairs up to 2
+    events apart, the 3 most recent items): the weight chosen on validation is written into
+    the best checkpoint with the prior's shape, and evaluation and scoring use it."""
     import shutil
 
     from recsys.checkpoint import load_checkpoint, set_transition_prior_weight
     from recsys.tasks.evaluate import PRIOR_WEIGHTS
 
-    overrides = [*TINY, *NO_RERANK, "logger=none", "trainer.max_epochs=1"]
+    shape = [
+        "training.transition_window=2",
+        "training.transition_recent=3",
+        "training.transition_decay=0.5",
+    ]
+    overrides = [*TINY, *NO_RERANK, *shape, "logger=none", "trainer.max_epochs=1"]
     cfg = make_config("config", [*overrides, "training.transition_prior=auto"])
     result = main.run(cfg)
     prior = load_checkpoint(result.checkpoint).transition_prior
     assert prior is not None and prior.weight in PRIOR_WEIGHTS
     assert prior.counts.count.sum() > 0
+    assert prior.shape() == {"window": 2, "recent": 3, "decay": 0.5}
     assert read_parts(result.recommendations)["score"].is_finite().all()
     # evaluation with the saved prior, and with it set aside (a weight of 0) or overridden
     again = evaluate.run(cfg, result.checkpoint, splits=("val", "test"))
@@ -1137,6 +1144,11 @@ def test_transition_prior_auto_is_chosen_on_validation_saved_evaluated_and_score
     chosen = max(without["val/ndcg_at_10"], again["val/ndcg_at_10"])
     assert again["val/ndcg_at_10"] == pytest.approx(chosen)  # the choice is not worse on val
     assert again["test/ndcg_at_10"] == pytest.approx(result.metrics["test/ndcg_at_10"])
+    assert "transition_prior/weight" not in again  # auto, same shape: the saved weight
+    other = [o for o in overrides if o not in shape]  # auto, another shape: chosen again
+    first_order = make_config("config", [*other, "training.transition_prior=auto"])
+    reselected = evaluate.run(first_order, result.checkpoint, splits=("val",))
+    assert reselected["transition_prior/weight"] in PRIOR_WEIGHTS
     # scoring reads the weight from the checkpoint: a large one reorders the lists
     lists = {}
     for weight in (0.0, 3.0):
@@ -1156,7 +1168,8 @@ def test_evaluate_measures_a_transition_prior_on_a_model_trained_without_one(mak
     overrides = [*TINY, *NO_RERANK, "logger=none", "trainer.max_epochs=1"]
     cfg = make_config("config", overrides)
     trained = train.run(cfg)
-    auto = make_config("config", [*overrides, "training.transition_prior=auto"])
+    shape = ["training.transition_window=3", "training.transition_recent=2"]
+    auto = make_config("config", [*overrides, *shape, "training.transition_prior=auto"])
     metrics = evaluate.run(auto, trained.checkpoint, prepared_dir=trained.prepared_dir)
     assert metrics["transition_prior/weight"] in evaluate.PRIOR_WEIGHTS
     best = max(v for k, v in metrics.items() if k.startswith("transition_prior/val_"))

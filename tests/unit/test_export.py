@@ -351,7 +351,12 @@ def test_a_transition_prior_is_exported_and_added_to_the_served_scores(tmp_path)
     )
     prior = TransitionPrior(counts, 0.75)
     files = export_model(dataclasses.replace(loaded, transition_prior=prior), tmp_path / "export")
-    assert json.loads(files["metadata"].read_text())["transition_prior"] == {"weight": 0.75}
+    assert json.loads(files["metadata"].read_text())["transition_prior"] == {
+        "weight": 0.75,
+        "window": 1,
+        "recent": 1,
+        "decay": 1.0,
+    }
     table = torch.load(files["item_table"], weights_only=True)
     assert torch.equal(table["transition_count"], counts.count)
 
@@ -360,12 +365,27 @@ def test_a_transition_prior_is_exported_and_added_to_the_served_scores(tmp_path)
     inputs = batch.model_inputs()
     plain = python_scores(loaded.encoder, *inputs)
     got = load_exported(tmp_path / "export").score(*inputs)
-    assert_same_scores(got, prior.add_to(plain, batch.item[:, -1]))
+    assert_same_scores(got, prior.add_to(plain, batch.item))
     gain = got - plain
     assert gain[0, 4] == pytest.approx(0.75 * math.log(3))  # 3 -> 4 twice
     assert gain[0, 7] == pytest.approx(0.75 * math.log(2))  # 3 -> 7 once
     assert gain[2, 3] == pytest.approx(0.75 * math.log(4))  # 4 -> 3 three times
     assert torch.count_nonzero(gain[0, 2:]) == 2 and torch.count_nonzero(gain[1, 2:]) == 0
+    # a wider prior (training.transition_window / _recent / _decay) is served as evaluated
+    wide = TransitionPrior(
+        TransitionCounts.from_sequences(
+            item, np.array([0, 6, 10]), np.array([6, 4]), SIZES["num_items"], window=3
+        ),
+        0.5,
+        recent=3,
+        decay=0.5,
+    )
+    folder = tmp_path / "wide"
+    files = export_model(dataclasses.replace(loaded, transition_prior=wide), folder)
+    assert json.loads(files["metadata"].read_text())["transition_prior"] == wide.settings()
+    served = load_exported(folder)
+    assert served.transition_prior.settings() == wide.settings()
+    assert_same_scores(served.score(*inputs), wide.add_to(plain, batch.item))
     assert (
         json.loads((export_model(loaded, tmp_path / "plain")["metadata"]).read_text())[
             "transition_prior"

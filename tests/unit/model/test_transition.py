@@ -4,6 +4,7 @@ prior on top of an index against the whole catalogue), and the popularity baseli
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def test_counts_round_trip_and_the_prior_reads_no_unknown_items_row() -> None:
     again = TransitionCounts.from_plain(counts.to_plain())
     pairs = zip(again.to_plain().values(), counts.to_plain().values())
     assert all(torch.equal(a, b) for a, b in pairs)
-    added = TransitionPrior(counts, 1.0).add_to(torch.zeros(3, 4), torch.tensor([1, 0, 2]))
+    added = TransitionPrior(counts, 1.0).add_to(torch.zeros(3, 4), torch.tensor([[1], [0], [2]]))
     assert added[:2].eq(0).all() and added[2, 1] == math.log(2)
 
 
@@ -87,22 +88,92 @@ def prior(weight: float = 1.0) -> TransitionPrior:
 def test_prior_adds_weighted_log_counts_of_the_last_items_successors() -> None:
     """2 -> 3 twice; 3 -> 4 and 3 -> 5 once; nothing follows 5 (the class docstring's example)."""
     scores = torch.arange(18, dtype=torch.float32).reshape(3, 6)
-    added = prior(2.0).add_to(scores, torch.tensor([2, 3, 5]))
+    added = prior(2.0).add_to(scores, torch.tensor([[2], [3], [5]]))
     expected = scores.clone()
     expected[0, 3] += 2 * math.log(3)
     expected[1, 4] += 2 * math.log(2)
     expected[1, 5] += 2 * math.log(2)
     torch.testing.assert_close(added, expected)
-    assert prior(0.0).add_to(scores, torch.tensor([2, 3, 5])) is scores
+    assert prior(0.0).add_to(scores, torch.tensor([[2], [3], [5]])) is scores
 
 
 def test_prior_candidates_are_the_items_add_to_raises() -> None:
-    last = torch.tensor([2, 3, 5, 0])
+    last = torch.tensor([[2], [3], [5], [0]])
     items, terms = prior(0.5).candidates(last)
     dense = prior(0.5).add_to(torch.zeros(4, 6), last)
     rebuilt = torch.zeros(4, 6).scatter_add(1, items, terms)  # padding: PAD gains 0
     torch.testing.assert_close(rebuilt, dense)
     assert items.tolist() == [[3, 0], [4, 5], [0, 0], [0, 0]]
+
+
+def test_a_window_counts_every_pair_up_to_that_many_events_apart_inside_training() -> None:
+    """u0 = [2 3 4 | 2 3], u1 = [2 3 5]: window 2 adds u0's 2 -> 4 and u1's 2 -> 5 (4 -> 3
+    and 3 -> 2 reach into u0's held-out events); window 9 adds nothing more."""
+    counts = TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, 6, window=2)
+    pairs = {
+        (row, int(counts.next_item[i]), int(counts.count[i]))
+        for row in range(6)
+        for i in range(int(counts.row_start[row]), int(counts.row_start[row + 1]))
+    }
+    assert pairs == {(2, 3, 2), (2, 4, 1), (2, 5, 1), (3, 4, 1), (3, 5, 1)}
+    assert counts.window == 2
+    wide = TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, 6, window=9)
+    assert torch.equal(wide.count, counts.count) and torch.equal(wide.next_item, counts.next_item)
+    again = TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, 6, window=1)
+    assert torch.equal(again.count, model().count.long())  # window 1: the baseline's counts
+
+
+def test_the_prior_sums_decayed_terms_over_the_recent_items() -> None:
+    """Window 2, recent 2, decay 0.5 (the class docstring's second example, on this log):
+    history [.. 3 2]: 2 is followed by 3 twice, 4 and 5 once; 3 (one back) by 4 and 5 once."""
+    counts = TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, 6, window=2)
+    p = TransitionPrior(counts, 2.0, recent=2, decay=0.5)
+    history = torch.tensor([[4, 3, 2], [0, 0, 2], [0, 3, 1]])  # row 2's last item is UNK
+    added = p.add_to(torch.zeros(3, 6), history)
+    log2, log3 = math.log(2), math.log(3)
+    expected = torch.zeros(3, 6)
+    expected[0, 3:] = torch.tensor([2 * log3, 2 * log2 + 1 * log2, 2 * log2 + 1 * log2])
+    expected[1, 3:] = torch.tensor([2 * log3, 2 * log2, 2 * log2])  # PAD one back adds nothing
+    expected[2, 4:] = torch.tensor([1 * log2, 1 * log2])  # UNK's row is not read
+    torch.testing.assert_close(added, expected)
+    items, terms = p.candidates(history)  # each item once, its terms summed
+    assert items.tolist() == [[3, 4, 5], [3, 4, 5], [4, 5, 0]]
+    torch.testing.assert_close(torch.zeros(3, 6).scatter_add(1, items, terms), expected)
+
+
+def test_a_prior_saved_before_window_recent_and_decay_reads_as_first_order() -> None:
+    counts = TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, 6)
+    old = {"weight": 0.5, **counts.to_plain()}  # what checkpoints and exports held
+    p = TransitionPrior.from_plain(old)
+    assert p.settings() == {"weight": 0.5, "window": 1, "recent": 1, "decay": 1.0}
+    shaped = TransitionPrior(
+        TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, 6, window=3), 1.5, 4, 0.25
+    )
+    again = TransitionPrior.from_plain(shaped.to_plain())
+    assert again.settings() == {"weight": 1.5, "window": 3, "recent": 4, "decay": 0.25}
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"window": 0}, "training.transition_window=0 must be a whole number >= 1"),
+        ({"window": 2.0}, "training.transition_window=2.0 must be"),
+        ({"recent": 0}, "training.transition_recent=0 must be a whole number >= 1"),
+        ({"recent": True}, "training.transition_recent=True must be"),
+        ({"decay": 0}, "training.transition_decay=0 must be a number in (0, 1]"),
+        ({"decay": 1.5}, "training.transition_decay=1.5 must be"),
+        ({"decay": "half"}, "training.transition_decay='half' must be"),
+    ],
+)
+def test_absurd_prior_shapes_are_refused_naming_the_option(settings, message) -> None:
+    from recsys.model.transition import check_prior_settings
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_prior_settings(**{"window": 1, "recent": 1, "decay": 1.0, **settings})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        window = settings.get("window", 1)
+        counts = TransitionCounts.from_sequences(ITEM, OFFSETS, TRAIN_END, 6, window=window)
+        TransitionPrior(counts, 1.0, settings.get("recent", 1), settings.get("decay", 1.0))
 
 
 @pytest.mark.parametrize("weight", [-1.0, math.nan, math.inf, True, "1"])
@@ -136,7 +207,7 @@ def test_with_prior_on_an_index_top_k_is_the_exact_top_k_of_the_sum() -> None:
     output = EncoderOutput(hidden=query[:, None], query=query, padding_mask=None)
     blocked = torch.tensor([False, False, False, False, False, True])  # item 5
     exclude = torch.tensor([[2, 0], [4, 0], [3, 2]])
-    last = torch.tensor([2, 3, 3])
+    last = torch.tensor([[2], [3], [3]])
     dense = model.score_items(query)
     dense[:, 5] = -math.inf
     dense = dense.scatter(1, exclude, -math.inf)
@@ -164,21 +235,23 @@ def test_a_checkpoint_without_a_prior_cannot_be_given_a_weight(tmp_path) -> None
 
 @pytest.mark.parametrize("seed", range(20))
 def test_with_prior_is_exact_on_random_catalogues_rules_and_depths(seed) -> None:
-    """Random transitions, blocked items, exclusions and index depths against the whole
-    catalogue's scores plus the prior."""
+    """Random transitions, prior shapes (window, recent items, decay), blocked items,
+    exclusions and index depths against the whole catalogue's scores plus the prior."""
     generator = torch.Generator().manual_seed(seed)
     num_items, rows = 14, 5
     sequence = torch.randint(1, num_items, (80,), generator=generator).numpy()  # UNK included
+    window, recent = (int(v) for v in torch.randint(1, 4, (2,), generator=generator))
     counts = TransitionCounts.from_sequences(
-        sequence, np.array([0, 40, 80]), np.array([40, 40]), num_items
+        sequence, np.array([0, 40, 80]), np.array([40, 40]), num_items, window
     )
-    p = TransitionPrior(counts, float(torch.rand(1, generator=generator)) * 4)
+    decay = float(torch.rand(1, generator=generator)) * 0.9 + 0.1
+    p = TransitionPrior(counts, float(torch.rand(1, generator=generator)) * 4, recent, decay)
     model = Keys(torch.randn(num_items, 3, generator=generator))
     query = torch.randn(rows, 3, generator=generator)
     output = EncoderOutput(hidden=query[:, None], query=query, padding_mask=None)
     blocked = torch.rand(num_items, generator=generator) < 0.2
     exclude = torch.randint(0, num_items, (rows, 3), generator=generator)
-    last = torch.randint(0, num_items, (rows,), generator=generator)
+    last = torch.randint(0, num_items, (rows, 4), generator=generator)  # PAD and UNK too
     depth = int(torch.randint(1, 6, (1,), generator=generator))
     dense = model.score_items(query).masked_fill(blocked, -math.inf)
     dense = dense.scatter(1, exclude, -math.inf)

@@ -829,7 +829,7 @@ def test_evaluation_ranks_the_model_scores_plus_the_transition_prior(policy):
     with torch.no_grad():
         raw = m.encoder.score_items(m(b).query)
         found = m.evaluation_metrics(b)
-    fused = TransitionPrior(counts, 2.0).add_to(raw, b.item[:, -1])
+    fused = TransitionPrior(counts, 2.0).add_to(raw, b.item)
     assert not torch.equal(fused, raw)
     expected = apply_seen_policy(fused, b.item, policy)
     ranks = 1 + (expected > expected.gather(1, b.target_item[:, None])).sum(1)
@@ -855,6 +855,10 @@ def test_transition_prior_auto_starts_at_weight_zero_and_is_saved_with_the_check
         ({"transition_prior": True}, "must be null (off), auto"),
         ({"transition_prior": 1.0, "rerank_top_n": 20}, "set one of them to 0/null"),
         ({"transition_prior": 1.0, "transition_counts": None}, "needs the training sequences"),
+        ({"transition_prior": 1.0, "transition_window": 2}, "pairs up to 2 apart"),
+        ({"transition_window": 0}, "training.transition_window=0 must be a whole number"),
+        ({"transition_recent": -1}, "training.transition_recent=-1 must be a whole number"),
+        ({"transition_decay": 2}, "training.transition_decay=2 must be a number in (0, 1]"),
     ],
 )
 def test_bad_transition_prior_settings_name_the_option(kwargs, message):
