@@ -115,19 +115,19 @@ class TransitionCounts:
         return cls(plain["row_start"], plain["next_item"], plain["count"], window)
 
 
-def row_entries(
-    row_start: torch.Tensor, last: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The CSR entries of the rows ``last`` (B,): for each entry its batch row (E,), its index
-    into the entry arrays (E,), and its position within its batch row (E,)."""
+def row_entries(row_start: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSR entries of the rows ``last`` (B,): for each entry its batch row (E,) and its
+    index into the entry arrays (E,)."""
     start, end = row_start[last], row_start[last + 1]  # (B,)
     size = end - start
     batch_row = torch.repeat_interleave(torch.arange(len(last), device=last.device), size)
-    before = torch.cumsum(size, 0) - size  # entries of earlier batch rows
-    within = torch.arange(int(size.sum()), device=last.device) - torch.repeat_interleave(
-        before, size
-    )
-    return batch_row, torch.repeat_interleave(start, size) + within, within
+    return batch_row, torch.repeat_interleave(start, size) + positions_in_runs(size)
+
+
+def positions_in_runs(size: torch.Tensor) -> torch.Tensor:
+    """0, 1, ... within each of the back-to-back runs of ``size`` (B,) entries: (sum(size),)."""
+    before = torch.cumsum(size, 0) - size  # entries of earlier runs
+    return torch.arange(int(size.sum()), device=size.device) - torch.repeat_interleave(before, size)
 
 
 class Transition(nn.Module):
@@ -166,7 +166,7 @@ class Transition(nn.Module):
     def score_items(self, query: torch.Tensor) -> torch.Tensor:
         """Shapes: query (B, 1) last item indices -> (B, I) float32 scores."""
         last = query[:, 0].long()
-        batch_row, entry, _ = row_entries(self.row_start, last)
+        batch_row, entry = row_entries(self.row_start, last)
         scores = self.item_scores.expand(len(last), -1).clone()  # (B, I)
         scores[batch_row, self.next_item[entry]] += self.count[entry]
         return scores.float()
@@ -221,7 +221,7 @@ class TransitionPrior:
             )
         rows, items, terms = [], [], []
         for back in range(1, recent.shape[1] + 1):  # back 1: the most recent item
-            batch_row, entry, _ = row_entries(counts.row_start, recent[:, -back])
+            batch_row, entry = row_entries(counts.row_start, recent[:, -back])
             rows.append(batch_row)
             items.append(counts.next_item[entry])
             terms.append(self.decay ** (back - 1) * torch.log1p(counts.count[entry].float()))
@@ -247,10 +247,8 @@ class TransitionPrior:
         """Shapes: history (B, T) -> items (B, M) with a term, each once, PAD-padded (M: the
         longest row, at least 1), and their terms (B, M) (0 at padding)."""
         row, item, term = self._terms(history)
-        size = torch.bincount(row, minlength=len(history))
-        within = torch.arange(len(row), device=row.device) - torch.repeat_interleave(
-            torch.cumsum(size, 0) - size, size
-        )
+        size = torch.bincount(row, minlength=len(history))  # entries come sorted by row
+        within = positions_in_runs(size)
         width = max(1, int(size.max())) if len(row) else 1
         items = torch.zeros(len(history), width, dtype=torch.long, device=history.device)
         terms = torch.zeros(len(history), width, device=history.device)

@@ -144,9 +144,9 @@ class SeqRecModule(pl.LightningModule):
         unknown_targets: str = "skip",
         target_shares: Mapping[str, float] | None = None,
         transition_prior: float | str | None = None,
-        transition_window: int = 1,
-        transition_recent: int = 1,
-        transition_decay: float = 1.0,
+        transition_window: int = 3,
+        transition_recent: int = 3,
+        transition_decay: float = 0.75,
         transition_counts: TransitionCounts | None = None,
         checkpoint_extra: dict | None = None,
     ):

@@ -805,3 +805,6 @@ def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
         for w in (0.5, 1.0)
     }
     assert len({digest, *weighted.values()}) == 3
+    # ... and so does its shape (the recent items it reads, their decay)
+    shaped = model_digest(replace(model, transition_prior=TransitionPrior(counts, 1.0, 3, 0.75)))
+    assert shaped not in {digest, *weighted.values()}

@@ -808,17 +808,21 @@ def test_a_missed_target_is_outside_a_cutoff_larger_than_the_catalogue():
     assert ranking_metrics(ranks, [10])["hr_at_10"].tolist() == [0.0]
 
 
-def _counts_with_each_item_followed_by_its_next() -> TransitionCounts:
-    """Item i -> i + 1 seen (i - 1) times, for every real item but the last."""
+def _counts_with_each_item_followed_by_its_next(window: int = 3) -> TransitionCounts:
+    """Three users of items 2, 3, ..., in order: pairs up to ``window`` apart (the module's
+    default ``transition_window``)."""
     item = torch.cat([torch.arange(2, NUM_ITEMS)] * 3).numpy()
     offsets = torch.tensor([0, NUM_ITEMS - 2, 2 * (NUM_ITEMS - 2), 3 * (NUM_ITEMS - 2)]).numpy()
-    return TransitionCounts.from_sequences(item, offsets, offsets[1:] - offsets[:-1], NUM_ITEMS)
+    return TransitionCounts.from_sequences(
+        item, offsets, offsets[1:] - offsets[:-1], NUM_ITEMS, window
+    )
 
 
 @pytest.mark.parametrize("policy", ["keep", "zero"])
 def test_evaluation_ranks_the_model_scores_plus_the_transition_prior(policy):
-    """training.transition_prior: each row's ranking is by the encoder's score plus weight *
-    log(1 + count(last item -> item)), before the seen-item rule (which still scores 0)."""
+    """training.transition_prior at the default shape: each row's ranking is by the encoder's
+    score plus weight * sum_j 0.75^(j-1) log(1 + count(h_j -> item)) over the 3 most recent
+    items, before the seen-item rule (which still scores 0)."""
     counts = _counts_with_each_item_followed_by_its_next()
     m = module(
         seen_items=policy, metric_ks=(1, 5), transition_prior=2.0, transition_counts=counts
@@ -829,7 +833,7 @@ def test_evaluation_ranks_the_model_scores_plus_the_transition_prior(policy):
     with torch.no_grad():
         raw = m.encoder.score_items(m(b).query)
         found = m.evaluation_metrics(b)
-    fused = TransitionPrior(counts, 2.0).add_to(raw, b.item)
+    fused = TransitionPrior(counts, 2.0, recent=3, decay=0.75).add_to(raw, b.item)
     assert not torch.equal(fused, raw)
     expected = apply_seen_policy(fused, b.item, policy)
     ranks = 1 + (expected > expected.gather(1, b.target_item[:, None])).sum(1)
@@ -856,6 +860,7 @@ def test_transition_prior_auto_starts_at_weight_zero_and_is_saved_with_the_check
         ({"transition_prior": 1.0, "rerank_top_n": 20}, "set one of them to 0/null"),
         ({"transition_prior": 1.0, "transition_counts": None}, "needs the training sequences"),
         ({"transition_prior": 1.0, "transition_window": 2}, "pairs up to 2 apart"),
+        ({"transition_prior": 1.0, "transition_window": 1}, "pairs up to 1 apart"),
         ({"transition_window": 0}, "training.transition_window=0 must be a whole number"),
         ({"transition_recent": -1}, "training.transition_recent=-1 must be a whole number"),
         ({"transition_decay": 2}, "training.transition_decay=2 must be a number in (0, 1]"),
