@@ -145,9 +145,10 @@ def with_prior(
     with ``scores`` (B, D) (an index's search, rules applied), and the items the prior gives a
     term after each row's ``history`` (B, T), most recent last (the successors of its recent
     items: :meth:`TransitionPrior.candidates`). Exact: every other item gains 0, so none of
-    them can pass the D-th of the model's own. ``blocked`` (I,) bool and ``exclude`` (B, T) items keep their
-    rule for the prior's candidates too. Memory grows with B x (D + M), M the longest list of
-    successors (no (B, D, M) comparison). Returns (scores, items), best first."""
+    them can pass the D-th of the model's own. ``blocked`` (I,) bool and ``exclude`` (B, T)
+    items keep their rule for the prior's candidates too. Memory grows with B x (D + M), M the
+    longest list of candidates (no (B, D, M) comparison). Returns (scores, items), best
+    first."""
     candidates, terms = prior.candidates(history)  # (B, M)
     valid = candidates >= NUM_RESERVED
     if blocked is not None:
