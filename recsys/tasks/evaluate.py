@@ -22,7 +22,7 @@ from recsys.config import check_required
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
-from recsys.model.transition import Transition, TransitionPrior
+from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
 from recsys.tasks import prepare
 from recsys.tasks.train import data_arguments, store_transitions
 from recsys.tracking import Tracker, load_model, use_tracker
@@ -162,14 +162,20 @@ def select_transition_prior(
 
 
 def _model_prior(
-    cfg: DictConfig, model, datamodule: SeqRecDataModule, device: torch.device
+    cfg: DictConfig,
+    model,
+    datamodule: SeqRecDataModule,
+    transitions: TransitionCounts,
+    device: torch.device,
 ) -> tuple[TransitionPrior | None, dict[str, float]]:
     """The transition prior the model is evaluated with: the checkpoint's, unless
     ``training.transition_prior`` says otherwise: a number is that weight; ``auto`` the
     weight chosen on validation, unless the checkpoint's prior has this command's shape
     (its weight was chosen so already). Either way with this command's
     ``training.transition_window``, ``_recent`` and ``_decay``, counted on this prepared
-    data. Returns the prior and the selection's metrics ({} without one)."""
+    data (``transitions``, the baseline's first-order counts, or the checkpoint's when the
+    window matches, are not counted again). Returns the prior and the selection's metrics
+    ({} without one)."""
     setting, prior = cfg.training.get("transition_prior"), model.transition_prior
     training = cfg.training
     shape = {
@@ -179,7 +185,11 @@ def _model_prior(
     }
     if setting is None or (setting == "auto" and prior is not None and prior.shape() == shape):
         return prior, {}
-    counts = store_transitions(datamodule, training.transition_window)
+    window = training.transition_window
+    if prior is not None and prior.counts.window == window:  # the same data: vocab checked
+        counts = prior.counts
+    else:
+        counts = transitions if window == 1 else store_transitions(datamodule, window)
     prior = TransitionPrior(
         counts,
         0.0 if setting == "auto" else setting,
@@ -233,7 +243,7 @@ def run(
     train_counts = model.vocab.item_train_counts()
     stats = datamodule.stats
     transitions = store_transitions(datamodule)  # the first-order baseline's
-    prior, prior_metrics = _model_prior(cfg, model, datamodule, device)
+    prior, prior_metrics = _model_prior(cfg, model, datamodule, transitions, device)
     candidates = {
         "": _evaluation_module(cfg, model.encoder, model.vocab, stats, **prior_arguments(prior)),
         # one stage: popularity has nothing to re-rank with
