@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import polars
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
 from recsys.data.dataset import TRAIN_SAMPLES, SequenceStore, TargetRows, batch_loader
+from recsys.data.io import DataError
 from recsys.data.pipeline import SEQUENCES_FILE, load_stats
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
@@ -111,14 +114,34 @@ class SeqRecDataModule(pl.LightningDataModule):
             lengths=windows.input_lengths,
         )
 
-    def target_loader(self, split: str) -> DataLoader:
-        """Evaluation rows for ``split`` in {"val", "test"}."""
+    def target_loader(self, split: str, users: np.ndarray | None = None) -> DataLoader:
+        """Evaluation rows for ``split`` in {"val", "test"}; with ``users`` ((U,) bool over
+        the prepared user table, :meth:`user_rows`) only those users' rows."""
         self.setup()
         positions = {"val": self.store.val_target, "test": self.store.test_target}[split]
+        if users is not None:
+            positions = np.where(users, positions, -1)
         rows = TargetRows(self.store, positions, **self._settings(), seen=True)
         return batch_loader(
             rows, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers
         )
+
+    def user_rows(self, ids: polars.Series, source: str) -> np.ndarray:
+        """(U,) bool: the prepared user table's rows of ``ids`` (:func:`~recsys.data.io.
+        read_user_list`). An id the prepared data does not have is refused, naming ``source``."""
+        self.setup()
+        table = self.store.user_id
+        cast = ids.cast(table.dtype, strict=False)
+        unknown = ids.filter(cast.is_null() | ~cast.is_in(table.implode()))
+        if unknown.len():
+            raise DataError(
+                f"{source}: {unknown.len()} of its {ids.len()} user ids are not users of the "
+                f"prepared data {self.prepared_dir}, e.g. {unknown.head(3).to_list()} "
+                f"({ids.dtype}; its users look like {table.head(3).to_list()}, {table.dtype}): "
+                "list users of the log being evaluated (users removed by preparation's filters, "
+                "e.g. k-core, are not in it)"
+            )
+        return table.is_in(cast.implode()).to_numpy()
 
     def val_dataloader(self) -> DataLoader:
         return self.target_loader("val")

@@ -17,7 +17,15 @@ import pandas as pd
 import polars as pl
 import pyarrow.parquet as pq
 
-from recsys.schema import ATTRIBUTES, CANONICAL_COLUMNS, CATEGORY, ITEM, TIMESTAMP, EventSchema
+from recsys.schema import (
+    ATTRIBUTES,
+    CANONICAL_COLUMNS,
+    CATEGORY,
+    ITEM,
+    TIMESTAMP,
+    USER,
+    EventSchema,
+)
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +164,10 @@ def _glob_root(pattern: str) -> Path:
     return Path(*fixed) if fixed else Path()
 
 
+# what the file a setting names holds, for messages (default: the event log)
+_WHAT = {"data.items": "item table", "users": "user list"}
+
+
 def _scan_file(
     path: Path, columns: Mapping[str, bool], option: str = "data.source.path"
 ) -> pl.LazyFrame:
@@ -166,7 +178,7 @@ def _scan_file(
     if expanded is not None:
         return _scan_files(path, *expanded, columns)
     if not path.exists():
-        what = "item table" if option == "data.items" else "event log"
+        what = _WHAT.get(option, "event log")
         raise DataError(f"{what} {path} does not exist: check {option}")
     suffix = _suffix(path)
     if suffix not in SUPPORTED_SUFFIXES:
@@ -175,7 +187,8 @@ def _scan_file(
             f"{', '.join(SUPPORTED_SUFFIXES)} (convert the file or rename it if it is one of these)"
         )
     if path.stat().st_size == 0:
-        raise DataError(f"{path} is empty (0 bytes): export the event log again")
+        what = _WHAT.get(option, "event log")
+        raise DataError(f"{path} is empty (0 bytes): export the {what} again")
     if suffix in (".csv", ".csv.gz"):
         with open(path, "rb") as f:
             head = f.read(8)
@@ -471,3 +484,30 @@ def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFr
         )
     lf = _as_lazy(source, name, _wanted(columns), option="data.items")
     return select_mapped(lf, columns, name=name, option="data.item_columns")
+
+
+def read_user_list(path: str | os.PathLike, option: str = "users") -> pl.Series:
+    """The user ids a CSV or Parquet file lists: its ``user_id`` column, or its only column
+    (``option`` is the setting that named the file, for messages). Refused: a missing, empty or
+    unsupported file, several columns none of them ``user_id``, no ids, a null id."""
+    path = Path(path)
+    frame = _scan_file(path, {USER: True}, option)
+    try:
+        names = frame.collect_schema().names()
+    except pl.exceptions.NoDataError as err:
+        raise DataError(f"{path} lists no users: write one user id per row ({option})") from err
+    if USER not in names and len(names) != 1:
+        raise DataError(
+            f"{path} has columns {names} and none is {USER!r}: name the column of user ids "
+            f"{USER!r}, or keep only that column ({option})"
+        )
+    column = USER if USER in names else names[0]
+    ids = frame.select(pl.col(column)).collect()[column]
+    if ids.len() == 0:
+        raise DataError(f"{path} lists no users: write one user id per row ({option})")
+    if ids.null_count():
+        raise DataError(
+            f"{path}: {ids.null_count()} of its {ids.len()} rows have no user id in column "
+            f"{column!r}: remove the empty rows ({option})"
+        )
+    return ids.rename(USER)

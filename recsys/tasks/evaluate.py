@@ -14,12 +14,14 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from recsys.config import check_required
 from recsys.data.datamodule import SeqRecDataModule, check_loader
+from recsys.data.io import read_user_list
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
 from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
@@ -201,6 +203,27 @@ def _model_prior(
     return select_transition_prior(cfg, model.encoder, model.vocab, datamodule, prior, device)
 
 
+def segment_users(cfg: DictConfig, datamodule: SeqRecDataModule) -> np.ndarray | None:
+    """The users of ``cfg.users`` (a file listing user ids; None: no segment) as a (U,) bool
+    mask over the prepared user table. Their metrics are reported beside the whole split's,
+    as ``<split>/segment_<metric>``, with standard errors: a small segment's mean is noisy."""
+    path = cfg.get("users")
+    if path is None:
+        return None
+    users = datamodule.user_rows(read_user_list(path), source=f"users={path}")
+    stats = datamodule.stats
+    unknown = sum(int(stats.get(f"{s}_targets_unknown_item", 0)) for s in ("val", "test"))
+    if unknown and cfg.training.unknown_targets == "miss":
+        log.warning(
+            "the segment's metrics leave its unknown-item targets out (%d in the whole data, "
+            "counted as misses in the whole split's metrics by training.unknown_targets=miss): "
+            "preparation does not record whose they are",
+            unknown,
+        )
+    log.info("segment: %d users listed in %s", int(users.sum()), path)
+    return users
+
+
 def run(
     cfg: DictConfig,
     checkpoint: str | Path | None = None,
@@ -264,14 +287,24 @@ def run(
             transition_prior=None,
         ),
     }
+    users = segment_users(cfg, datamodule)
     metrics: dict[str, float] = dict(prior_metrics)
     for split in splits:
-        loader = datamodule.target_loader(split)
-        for prefix, module in candidates.items():
-            values = evaluate(
-                module, loader, device=device, split=split, description=f"{split} {prefix}"
-            )
-            metrics.update({f"{split}/{prefix}{k}": v for k, v in values.items()})
+        loaders = {"": datamodule.target_loader(split)}
+        if users is not None:
+            loaders["segment_"] = datamodule.target_loader(split, users)
+            metrics[f"{split}/segment_targets"] = len(loaders["segment_"].dataset)
+        for segment, loader in loaders.items():
+            for prefix, module in candidates.items():
+                values = evaluate(
+                    module,
+                    loader,
+                    device=device,
+                    split=split,
+                    description=f"{split} {segment}{prefix}",
+                    segment=bool(segment),
+                )
+                metrics.update({f"{split}/{segment}{prefix}{k}": v for k, v in values.items()})
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
         tracker.log_metrics(metrics)
         tracker.set_tags(
@@ -279,6 +312,11 @@ def run(
                 **protocol_tags(cfg, datamodule),
                 "protocol.transition_prior": (
                     "none" if prior is None else f"{prior.settings()} (training.transition_prior)"
+                ),
+                "protocol.segment": (
+                    "none"
+                    if users is None
+                    else f"{int(users.sum())} users listed in {cfg.users} (segment_*)"
                 ),
                 **model_tags,
                 "task": cfg.task_name,
@@ -301,4 +339,20 @@ def run(
             metrics[f"{split}/popularity_hr_at_{k}"],
             metrics[f"{split}/transition_hr_at_{k}"],
         )
+        if users is not None:
+            log.info(
+                "%s, the %d targets of the users in %s: NDCG@%d %.4f ± %.4f (popularity "
+                "%.4f, transition %.4f), HR@%d %.4f ± %.4f (± one standard error)",
+                split,
+                metrics[f"{split}/segment_targets"],
+                cfg.users,
+                k,
+                metrics[f"{split}/segment_ndcg_at_{k}"],
+                metrics[f"{split}/segment_ndcg_at_{k}_stderr"],
+                metrics[f"{split}/segment_popularity_ndcg_at_{k}"],
+                metrics[f"{split}/segment_transition_ndcg_at_{k}"],
+                k,
+                metrics[f"{split}/segment_hr_at_{k}"],
+                metrics[f"{split}/segment_hr_at_{k}_stderr"],
+            )
     return metrics

@@ -37,13 +37,22 @@ def evaluate(
     device: torch.device,
     split: str,
     description: str = "eval",
+    segment: bool = False,
 ) -> dict[str, float]:
     """Mean of every per-row metric of ``module.evaluation_metrics`` over ``loader`` (the
     ``split`` targets, reported as the module reports that split: see
-    :meth:`SeqRecModule.per_target_means`), and the catalogue coverage of the rows' top K."""
+    :meth:`SeqRecModule.per_target_means`), and the catalogue coverage of the rows' top K.
+
+    ``segment``: the loader holds some of the split's users only. Its means are then over
+    their ranked targets as they are (the share of unknown-item targets that
+    ``unknown_targets=miss`` scales by is the whole split's, not the segment's), and each comes
+    with its standard error as ``<metric>_stderr``."""
     module = module.to(device).eval()
     totals = MeanAccumulator()
     coverage = CoverageAccumulator(module.encoder.num_items, module.metric_ks)
     for batch in tqdm(loader, desc=description, leave=False, mininterval=2.0):
         totals.update(module.evaluation_metrics(batch.to(device), coverage))
+    if segment:
+        errors = {f"{name}_stderr": value for name, value in totals.standard_errors().items()}
+        return {**totals.compute(), **errors, **coverage.compute()}
     return {**module.per_target_means(split, totals.compute()), **coverage.compute()}

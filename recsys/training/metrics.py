@@ -11,6 +11,7 @@ HR@1 = 0, HR@2 = 1, NDCG@2 = 1 / log2(3) = 0.631, MRR@2 = 0.5.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -117,18 +118,34 @@ class CoverageAccumulator:
 
 
 class MeanAccumulator:
-    """Running means of per-row metric tensors, for evaluation loops outside Lightning."""
+    """Running means of per-row metric tensors, for evaluation loops outside Lightning, and
+    their standard errors (how far a mean over few rows, e.g. a small user segment, may be
+    from the mean over many)."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
+        self.squares: dict[str, float] = {}
         self.count = 0
 
     def update(self, values: dict[str, torch.Tensor]) -> None:
         for name, tensor in values.items():
             self.sums[name] = self.sums.get(name, 0.0) + float(tensor.sum())
+            self.squares[name] = self.squares.get(name, 0.0) + float(tensor.double().square().sum())
         self.count += len(next(iter(values.values()))) if values else 0
 
     def compute(self) -> dict[str, float]:
         if self.count == 0:
             raise ValueError("no rows were evaluated")
         return {name: total / self.count for name, total in self.sums.items()}
+
+    def standard_errors(self) -> dict[str, float]:
+        """Each mean's standard error: the rows' sample standard deviation / sqrt(rows)
+        (0 for a single row)."""
+        means = self.compute()
+        n = self.count
+        if n < 2:
+            return dict.fromkeys(means, 0.0)
+        return {
+            name: math.sqrt(max(self.squares[name] / n - mean**2, 0.0) / (n - 1))
+            for name, mean in means.items()
+        }

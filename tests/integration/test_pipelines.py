@@ -351,6 +351,42 @@ def test_evaluate_reproduces_test_metrics(main_run, make_config):
     assert evaluate.run(other)["test/ndcg_at_10"] == pytest.approx(metrics["test/ndcg_at_10"])
 
 
+def test_evaluate_reports_a_user_segment_beside_the_whole_split(main_run, make_config, tmp_path):
+    """users=<file>: the listed users' metrics as <split>/segment_*, with standard errors.
+    Two complementary segments average, weighted by their targets, to the whole split."""
+    from recsys.tasks import prepare
+
+    cfg, result = main_run
+    overrides = [f"model_ref={result.checkpoint}", "logger=none", *TINY_DATA]
+    overrides.append("training.rerank_top_n=20")
+    sequences = pl.read_parquet(
+        prepare.prepared(make_config("evaluate", overrides)) / "sequences.parquet"
+    )
+    users = sequences["user_id"]
+    halves = {"a": users[::2], "b": users[1::2]}
+    halves["a"].to_frame().write_csv(tmp_path / "a.csv")
+    halves["b"].to_frame().write_parquet(tmp_path / "b.parquet")
+    found = {}
+    for name, path in (("a", tmp_path / "a.csv"), ("b", tmp_path / "b.parquet")):
+        found[name] = evaluate.run(make_config("evaluate", [*overrides, f"users={path}"]))
+    whole = found["a"]
+    assert whole["test/ndcg_at_10"] == pytest.approx(result.metrics["test/ndcg_at_10"])
+    for metric in ("ndcg_at_10", "hr_at_10", "mrr", "popularity_ndcg_at_10"):
+        n = {k: m["test/segment_targets"] for k, m in found.items()}
+        weighted = sum(m[f"test/segment_{metric}"] * n[k] for k, m in found.items())
+        assert weighted / sum(n.values()) == pytest.approx(whole[f"test/{metric}"])
+    hits = whole["test/segment_hr_at_10"]
+    n = whole["test/segment_targets"]
+    expected = (hits * (1 - hits) / (n - 1)) ** 0.5  # a 0/1 metric's sample standard error
+    assert whole["test/segment_hr_at_10_stderr"] == pytest.approx(expected)
+    # a user the data does not have is refused by name, before anything is evaluated
+    pl.DataFrame({"user_id": [*halves["a"].head(2).to_list(), 10**9]}).write_csv(
+        tmp_path / "unknown.csv"
+    )
+    with pytest.raises(DataError, match=r"1 of its 3 user ids are not users .* \[1000000000\]"):
+        evaluate.run(make_config("evaluate", [*overrides, f"users={tmp_path / 'unknown.csv'}"]))
+
+
 def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, make_config):
     """A champion trained on last night's log, evaluated on tonight's (another vocabulary), is
     refused naming model=<ref> as the user gave it and both fingerprints, not the temporary

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from recsys.data.io import SIDE_BY_SIDE, DataError, read_side_by_side, scan_events
+from recsys.data.io import SIDE_BY_SIDE, DataError, read_side_by_side, read_user_list, scan_events
 from recsys.data.pipeline import PrepareSettings, load_events, prepare_dataset
 from recsys.data.synthetic import generate_events
 from recsys.data.validate import BadRowPolicy
@@ -855,3 +855,32 @@ def test_prepare_from_files_matches_in_memory(tmp_path, small_log, suffix):
 def test_fingerprint_does_not_depend_on_the_file_format(tmp_path, small_log, suffix):
     from_file, in_memory = prepare_file_and_frame(tmp_path, small_log, suffix)
     assert from_file["fingerprint"] == in_memory["fingerprint"]
+
+
+def test_a_user_list_is_its_user_id_column_or_its_only_column(tmp_path):
+    pl.DataFrame({"user_id": [3, 1], "note": ["a", "b"]}).write_csv(tmp_path / "named.csv")
+    assert read_user_list(tmp_path / "named.csv").to_list() == [3, 1]
+    pl.DataFrame({"customer": ["u7", "u9"]}).write_parquet(tmp_path / "only.parquet")
+    ids = read_user_list(tmp_path / "only.parquet")
+    assert ids.name == "user_id" and ids.to_list() == ["u7", "u9"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, r"user list .*missing.csv does not exist: check users"),
+        ("", r"empty \(0 bytes\): export the user list again"),
+        ("user_id\n", r"lists no users: write one user id per row \(users\)"),
+        ("a,b\n1,2\n", r"columns \['a', 'b'\] and none is 'user_id'"),
+        ("user_id,name\n1,a\n,b\n2,c\n", r"1 of its 3 rows have no user id in column 'user_id'"),
+    ],
+)
+def test_a_bad_user_list_is_refused_naming_the_file_and_the_fix(tmp_path, content, message):
+    path = tmp_path / ("missing.csv" if content is None else "users.csv")
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(DataError, match=message):
+        read_user_list(path)
+    with pytest.raises(DataError, match=r"unsupported file type '\.txt'"):
+        (tmp_path / "users.txt").write_text("1\n2\n")
+        read_user_list(tmp_path / "users.txt")

@@ -92,3 +92,16 @@ def test_a_nan_target_score_is_a_miss_not_rank_one():
     )
     assert ranks.tolist() == [3, 3]
     assert auc.tolist() == [0.0, 0.0]
+
+
+def test_mean_accumulator_standard_errors_match_the_sample_formula():
+    rows = torch.tensor([0.0, 1.0, 0.5, 0.25, 0.0, 1.0, 0.125])
+    totals = MeanAccumulator()
+    for part in rows.split(3):  # batches of 3, 3 and 1 rows
+        totals.update({"ndcg": part})
+    expected = float(rows.double().std(correction=1)) / len(rows) ** 0.5
+    assert totals.standard_errors() == {"ndcg": pytest.approx(expected)}
+    assert totals.compute() == {"ndcg": pytest.approx(float(rows.mean()))}
+    one = MeanAccumulator()
+    one.update({"ndcg": torch.tensor([0.5])})
+    assert one.standard_errors() == {"ndcg": 0.0}
