@@ -230,9 +230,14 @@ def run(
     *,
     prepared_dir: str | Path | None = None,
     tracker: Tracker | None = None,
-    splits: tuple[str, ...] = ("test",),
+    splits: tuple[str, ...] | None = None,
 ) -> dict[str, float]:
+    """The checkpoint (``cfg.model_ref`` when not given) and the baselines on ``splits``
+    (default ``cfg.splits``, else test only)."""
     check_required(cfg, model_given=checkpoint is not None)
+    splits = tuple(cfg.get("splits") or ("test",)) if splits is None else tuple(splits)
+    if not splits or not set(splits) <= {"val", "test"}:
+        raise ValueError(f"splits={list(splits)}: choose among val and test, e.g. '[val,test]'")
     check_loader(eval_batch_size=cfg.data.loader.eval_batch_size)  # before the data is prepared
     ref = checkpoint or cfg.model_ref
     model, model_tags = load_model(ref, cfg.logger)

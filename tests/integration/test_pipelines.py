@@ -368,8 +368,10 @@ def test_evaluate_reports_a_user_segment_beside_the_whole_split(main_run, make_c
     halves["b"].to_frame().write_parquet(tmp_path / "b.parquet")
     found = {}
     for name, path in (("a", tmp_path / "a.csv"), ("b", tmp_path / "b.parquet")):
-        found[name] = evaluate.run(make_config("evaluate", [*overrides, f"users={path}"]))
+        chosen = [f"users={path}", "splits=[val,test]"]
+        found[name] = evaluate.run(make_config("evaluate", [*overrides, *chosen]))
     whole = found["a"]
+    assert whole["val/segment_targets"] > 0 and "val/ndcg_at_10" in whole
     assert whole["test/ndcg_at_10"] == pytest.approx(result.metrics["test/ndcg_at_10"])
     for metric in ("ndcg_at_10", "hr_at_10", "mrr", "popularity_ndcg_at_10"):
         n = {k: m["test/segment_targets"] for k, m in found.items()}
@@ -383,6 +385,8 @@ def test_evaluate_reports_a_user_segment_beside_the_whole_split(main_run, make_c
     pl.DataFrame({"user_id": [*halves["a"].head(2).to_list(), 10**9]}).write_csv(
         tmp_path / "unknown.csv"
     )
+    with pytest.raises(ValueError, match=r"splits=\['train'\]: choose among val and test"):
+        evaluate.run(make_config("evaluate", [*overrides, "splits=[train]"]))
     with pytest.raises(DataError, match=r"1 of its 3 user ids are not users .* \[1000000000\]"):
         evaluate.run(make_config("evaluate", [*overrides, f"users={tmp_path / 'unknown.csv'}"]))
 
