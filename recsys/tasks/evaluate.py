@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from recsys.config import check_required
 from recsys.data.datamodule import SeqRecDataModule, check_loader
-from recsys.data.io import read_user_list
+from recsys.data.io import DataError, read_user_list
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
 from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
@@ -293,13 +293,19 @@ def run(
         ),
     }
     users = segment_users(cfg, datamodule)
+    loaders = {split: {"": datamodule.target_loader(split)} for split in splits}
     metrics: dict[str, float] = dict(prior_metrics)
+    for split in splits if users is not None else ():
+        loaders[split]["segment_"] = datamodule.target_loader(split, users)
+        metrics[f"{split}/segment_targets"] = len(loaders[split]["segment_"].dataset)
+        if not metrics[f"{split}/segment_targets"]:
+            raise DataError(
+                f"users={cfg.users}: none of its {int(users.sum())} users has a {split} target "
+                f"(the whole split has {len(loaders[split][''].dataset)}): list users with "
+                "one, or evaluate another split (splits=...)"
+            )
     for split in splits:
-        loaders = {"": datamodule.target_loader(split)}
-        if users is not None:
-            loaders["segment_"] = datamodule.target_loader(split, users)
-            metrics[f"{split}/segment_targets"] = len(loaders["segment_"].dataset)
-        for segment, loader in loaders.items():
+        for segment, loader in loaders[split].items():
             for prefix, module in candidates.items():
                 values = evaluate(
                     module,

@@ -385,6 +385,11 @@ def test_evaluate_reports_a_user_segment_beside_the_whole_split(main_run, make_c
     pl.DataFrame({"user_id": [*halves["a"].head(2).to_list(), 10**9]}).write_csv(
         tmp_path / "unknown.csv"
     )
+    without = sequences.filter(pl.col("test_target") < 0)["user_id"]
+    assert without.len() > 0  # the tiny log's temporal split leaves some users no test target
+    without.to_frame().write_csv(tmp_path / "without.csv")
+    with pytest.raises(DataError, match=r"none of its \d+ users has a test target"):
+        evaluate.run(make_config("evaluate", [*overrides, f"users={tmp_path / 'without.csv'}"]))
     with pytest.raises(ValueError, match=r"splits=\['train'\]: choose among val and test"):
         evaluate.run(make_config("evaluate", [*overrides, "splits=[train]"]))
     with pytest.raises(DataError, match=r"1 of its 3 user ids are not users .* \[1000000000\]"):
