@@ -312,3 +312,39 @@ def test_run_column_is_a_command_line_a_shell_reads_back():
     words = shlex.split(quality_suite._overrides(result))
     assert words == ["experiment=beauty", *model.overrides]
     assert quality_suite.EMA_0999 in words
+
+
+def test_ml1m_runs_get_a_row_for_the_users_measured_on_the_published_test_step():
+    runs = []
+    for seed, (whole, segment) in enumerate(((0.13, 0.15), (0.14, 0.17))):
+        result = fake_result("atrank_low_pass", seed, whole, 2 * whole, None)
+        result["dataset"] = "ml1m"
+        result["test"].update({"test/segment_ndcg_at_10": segment, "test/segment_hr_at_10": 0.3})
+        runs.append(result)
+    lines = [line for line in quality_suite.table(runs).splitlines() if "| ml1m" in line]
+    segment_row = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert "512 users on the published test step" in segment_row[1]
+    assert segment_row[3:6] == ["2", "0.3000 ± 0.0000", "0.1600 ± 0.0141"]
+    assert segment_row[6].startswith("0.1930 (LRURec)")
+    assert "0.1350 ± 0.0071" in lines[-2]  # the whole split's row stays as it is
+
+
+ML1M = SHARED_DATA / "movielens-1m" / "sasrec_ml1m_interactions.parquet"
+
+
+@pytest.mark.skipif(
+    not ML1M.exists(), reason=f"{ML1M} is absent (real datasets live in ../shared/data)"
+)
+def test_the_ml1m_segment_is_the_512_users_whose_sequences_the_copy_holds_whole(tmp_path):
+    import polars as pl
+
+    model = quality_suite.MODELS["atrank_low_pass"]
+    cfg, _ = quality_suite.compose("ml1m", model, 0, tmp_path / "run", [])
+    _, write = quality_suite.DATASETS["ml1m"].segment
+    write(cfg, tmp_path / "users.parquet")
+    users = pl.read_parquet(tmp_path / "users.parquet")["user_id"]
+    assert users.len() == users.n_unique() == 512
+    # the copy's val_target rows are exactly these users' second-to-last items
+    frame = pl.read_parquet(ML1M)
+    val_users = frame.filter(pl.col("role") == "val_target")["user_sas"].unique().sort()
+    assert users.to_list() == val_users.to_list()
