@@ -328,6 +328,14 @@ def test_ml1m_runs_get_a_row_for_the_users_measured_on_the_published_test_step()
     assert segment_row[6].startswith("0.1930 (LRURec)")
     assert "0.1350 ± 0.0071" in lines[-2]  # the whole split's row stays as it is
 
+    # one seed: no spread over seeds, so the figure comes with its standard error
+    runs[0]["test"].update(
+        {"test/segment_ndcg_at_10_stderr": 0.0123, "test/segment_hr_at_10_stderr": 0.0192}
+    )
+    single = [line for line in quality_suite.table(runs[:1]).splitlines() if "| ml1m" in line]
+    cells = [c.strip() for c in single[-1].strip("|").split("|")]
+    assert cells[3:6] == ["1", "0.3000 ± 0.0192 SE", "0.1500 ± 0.0123 SE"]
+
 
 ML1M = SHARED_DATA / "movielens-1m" / "sasrec_ml1m_interactions.parquet"
 
