@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -25,10 +26,12 @@ from recsys.data.io import DataError, read_user_list
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
 from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
+from recsys.retrieval.output import write_atomically
+from recsys.schema import ITEM
 from recsys.tasks import prepare
 from recsys.tasks.train import data_arguments, store_transitions
 from recsys.tracking import Tracker, load_model, use_tracker
-from recsys.training.evaluation import evaluate, pick_device
+from recsys.training.evaluation import TargetRecords, evaluate, pick_device
 from recsys.training.module import SeqRecModule
 
 log = logging.getLogger(__name__)
@@ -224,6 +227,25 @@ def segment_users(cfg: DictConfig, datamodule: SeqRecDataModule) -> np.ndarray |
     return users
 
 
+def per_target_path(cfg: DictConfig) -> Path | None:
+    """``cfg.per_target`` (None: no per-target file), checked before any work: a ``.parquet``
+    file that does not exist yet (its folder is created)."""
+    path = cfg.get("per_target")
+    if path is None:
+        return None
+    path = Path(str(path))
+    if path.suffix != ".parquet":
+        raise ValueError(
+            f"per_target={path}: name a .parquet file, e.g. per_target=targets.parquet"
+        )
+    if path.exists():
+        raise ValueError(
+            f"per_target={path} exists: remove it or name another file (an evaluation never "
+            "replaces a file)"
+        )
+    return path
+
+
 def run(
     cfg: DictConfig,
     checkpoint: str | Path | None = None,
@@ -239,6 +261,7 @@ def run(
     if not splits or not set(splits) <= {"val", "test"}:
         raise ValueError(f"splits={list(splits)}: choose among val and test, e.g. '[val,test]'")
     check_loader(eval_batch_size=cfg.data.loader.eval_batch_size)  # before the data is prepared
+    target_file = per_target_path(cfg)
     ref = checkpoint or cfg.model_ref
     model, model_tags = load_model(ref, cfg.logger)
     prepared_dir = prepared_dir or prepare.prepared(cfg)
@@ -295,6 +318,7 @@ def run(
     users = segment_users(cfg, datamodule)
     loaders = {split: {"": datamodule.target_loader(split)} for split in splits}
     metrics: dict[str, float] = dict(prior_metrics)
+    records = {split: TargetRecords() for split in splits} if target_file else {}
     for split in splits if users is not None else ():
         loaders[split]["segment_"] = datamodule.target_loader(split, users)
         metrics[f"{split}/segment_targets"] = len(loaders[split]["segment_"].dataset)
@@ -314,10 +338,21 @@ def run(
                     split=split,
                     description=f"{split} {segment}{prefix}",
                     segment=bool(segment),
+                    records=records.get(split) if not segment and not prefix else None,
                 )
                 metrics.update({f"{split}/{segment}{prefix}{k}": v for k, v in values.items()})
+    if target_file:
+        table = pl.concat(
+            records[split].frame(split, datamodule.store.user_id, model.vocab.items[ITEM])
+            for split in splits
+        )
+        target_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(target_file, table.write_parquet)
+        log.info("each target's metrics (%d rows): %s", len(table), target_file)
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
         tracker.log_metrics(metrics)
+        if target_file:
+            tracker.log_artifact(target_file)
         tracker.set_tags(
             {
                 **protocol_tags(cfg, datamodule),

@@ -1,12 +1,24 @@
 """Evaluation outside the training loop (the best checkpoint on test, baselines) with exactly
-the metric code the LightningModule logs during validation."""
+the metric code the LightningModule logs during validation; each target's metrics as a table
+(:class:`TargetRecords`), and two models compared target by target on them
+(:func:`compare_per_target`)."""
 
 from __future__ import annotations
 
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import polars as pl
 import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from recsys.data.batch import SeqBatch
+from recsys.data.io import DataError, read_user_list
+from recsys.schema import NUM_RESERVED
 from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
 
@@ -38,6 +50,7 @@ def evaluate(
     split: str,
     description: str = "eval",
     segment: bool = False,
+    records: TargetRecords | None = None,
 ) -> dict[str, float]:
     """Mean of every per-row metric of ``module.evaluation_metrics`` over ``loader`` (the
     ``split`` targets, reported as the module reports that split: see
@@ -46,13 +59,176 @@ def evaluate(
     ``segment``: the loader holds some of the split's users only. Its means are then over
     their ranked targets as they are (the share of unknown-item targets that
     ``unknown_targets=miss`` scales by is the whole split's, not the segment's), and each comes
-    with its standard error as ``<metric>_stderr``."""
+    with its standard error as ``<metric>_stderr``.
+
+    ``records``: each row's metrics are added to it as well (a per-target table)."""
     module = module.to(device).eval()
     totals = MeanAccumulator()
     coverage = CoverageAccumulator(module.encoder.num_items, module.metric_ks)
     for batch in tqdm(loader, desc=description, leave=False, mininterval=2.0):
-        totals.update(module.evaluation_metrics(batch.to(device), coverage))
+        batch = batch.to(device)
+        values = module.evaluation_metrics(batch, coverage)
+        totals.update(values)
+        if records is not None:
+            records.update(batch, values)
     if segment:
         errors = {f"{name}_stderr": value for name, value in totals.standard_errors().items()}
         return {**totals.compute(), **errors, **coverage.compute()}
     return {**module.per_target_means(split, totals.compute()), **coverage.compute()}
+
+
+# the columns of a per-target table before its metrics, and what identifies a target in it
+TARGET_COLUMNS = ("split", "user_id", "item_id", "retrieval_rank")
+TARGET_KEY = ["split", "user_id"]
+
+
+class TargetRecords:
+    """Every evaluated target's per-row metrics (those :meth:`SeqRecModule.evaluation_metrics`
+    averages), gathered batch by batch; :meth:`frame` makes them a table with raw ids."""
+
+    def __init__(self) -> None:
+        self.parts: list[dict[str, np.ndarray]] = []
+
+    def update(self, batch: SeqBatch, values: dict[str, torch.Tensor]) -> None:
+        part = {name: value.float().cpu().numpy() for name, value in values.items()}
+        part["user_index"] = batch.user_index.cpu().numpy()
+        part["target_item"] = batch.target_item.cpu().numpy()
+        self.parts.append(part)
+
+    def frame(self, split: str, user_ids: pl.Series, item_ids: pl.Series) -> pl.DataFrame:
+        """One row per target: ``split``, ``user_id`` (``user_ids`` holds the raw id of every
+        prepared user row), ``item_id`` (the target's raw id; ``item_ids`` of every item index
+        from ``NUM_RESERVED`` on), ``retrieval_rank`` (the target's rank among the whole
+        catalogue in stage 1, 1 = best, null where the seen-item rule excluded it) and each
+        metric (those users get, then ``retrieval_*``), in evaluation order (the prepared
+        user table's)."""
+        if not self.parts:
+            raise ValueError("no rows were evaluated")
+        columns = {
+            name: np.concatenate([part[name] for part in self.parts]) for name in self.parts[0]
+        }
+        users = columns.pop("user_index")
+        items = columns.pop("target_item") - NUM_RESERVED
+        mrr = columns["retrieval_mrr"]  # 1 / the uncut stage-1 rank, 0 when not ranked
+        rank = np.where(mrr > 0, np.rint(1.0 / np.where(mrr > 0, mrr, 1.0)), np.nan)
+        return pl.DataFrame(
+            {
+                "split": pl.Series([split] * len(users), dtype=pl.String),
+                "user_id": user_ids.gather(users),
+                "item_id": item_ids.gather(items),
+                "retrieval_rank": pl.Series(rank).fill_nan(None).cast(pl.Int64),
+                # the metrics users get first, then stage 1's alone
+                **{
+                    name: pl.Series(name, columns[name])
+                    for name in sorted(columns, key=lambda n: n.startswith("retrieval_"))
+                },
+            }
+        )
+
+
+def _per_target_table(table, name: str) -> pl.DataFrame:
+    if isinstance(table, str | os.PathLike):
+        path = Path(table)
+        if not path.is_file():
+            raise DataError(
+                f"{name}: {path} is not a file: give the per-target file that "
+                "`pipelines.evaluate per_target=<file>.parquet` wrote"
+            )
+        table = pl.read_parquet(path)
+    elif isinstance(table, pd.DataFrame):
+        table = pl.from_pandas(table)
+    if not isinstance(table, pl.DataFrame):
+        raise TypeError(f"{name}: a path, a polars or a pandas DataFrame, not {type(table)}")
+    missing = [c for c in TARGET_COLUMNS if c not in table.columns]
+    if missing:
+        raise DataError(
+            f"{name} lacks column(s) {missing} of a per-target table (has {table.columns}): "
+            "give what `pipelines.evaluate per_target=<file>.parquet` wrote"
+        )
+    return table
+
+
+def compare_per_target(
+    a,
+    b,
+    metric: str = "ndcg_at_10",
+    *,
+    split: str | None = None,
+    users=None,
+) -> dict[str, float]:
+    """Two models on the same targets, target by target: their per-target tables (paths, or
+    polars / pandas frames, as ``pipelines.evaluate per_target=`` writes them) joined on split
+    and user.
+
+    Returns the number of targets, each model's mean ``metric`` (``a``, ``b``), the difference
+    ``b - a``, its relative size (``b / a - 1``), its standard error as a paired one
+    (``stderr``: the per-target differences' sample standard deviation / √targets, which
+    leaves out how hard each target is, shared by both models) with the 95 % interval, the
+    standard error the two means would have as independent samples (``unpaired_stderr``, for
+    comparison), and how many targets each model scores higher on (``b_better``, ``a_better``,
+    ``ties``). Both standard errors are over targets: they do not include how a second
+    training seed would move either model.
+
+    ``split``: which split to compare (needed when the tables hold several). ``users``: only
+    these user ids (an iterable, a polars Series, or a CSV / Parquet file as ``users=`` of
+    ``pipelines.evaluate`` reads it). The two tables must hold the same targets (the same
+    data and split): other tables are refused, saying how they differ."""
+    a, b = _per_target_table(a, "a"), _per_target_table(b, "b")
+    for name, table in (("a", a), ("b", b)):
+        if metric not in table.columns:
+            metrics = [c for c in table.columns if c not in TARGET_COLUMNS]
+            raise ValueError(f"metric={metric!r} is not a column of {name}: choose from {metrics}")
+    splits = sorted(set(a["split"].unique()) | set(b["split"].unique()))
+    if split is None:
+        if len(splits) != 1:
+            raise ValueError(f"the tables hold splits {splits}: choose one with split=")
+        split = splits[0]
+    a, b = (t.filter(pl.col("split") == split) for t in (a, b))
+    if not len(a) or not len(b):
+        raise ValueError(f"split={split!r}: {'a' if not len(a) else 'b'} has no {split} target")
+    if users is not None:
+        if isinstance(users, str | os.PathLike):
+            users = read_user_list(users)
+        ids = pl.Series("user_id", list(users) if not isinstance(users, pl.Series) else users)
+        ids = ids.cast(a["user_id"].dtype, strict=False)
+        a, b = (t.filter(pl.col("user_id").is_in(ids.implode())) for t in (a, b))
+        if not len(a):
+            raise ValueError(f"none of the {len(ids)} users listed has a {split} target in a")
+    value = pl.col(metric).cast(pl.Float64)
+    joined = a.select(*TARGET_KEY, "item_id", value.alias("a")).join(
+        b.select(*TARGET_KEY, pl.col("item_id").alias("item_b"), value.alias("b")),
+        on=TARGET_KEY,
+        how="full",
+        coalesce=True,
+    )
+    unpaired = joined.filter(pl.col("a").is_null() | pl.col("b").is_null())
+    other_item = joined.filter(pl.col("item_id") != pl.col("item_b"))
+    if len(unpaired) or len(other_item):
+        raise DataError(
+            f"the tables do not hold the same {split} targets: {len(unpaired)} users have a "
+            f"target in only one, {len(other_item)} another target item (e.g. "
+            f"{pl.concat([unpaired, other_item])['user_id'].head(3).to_list()}): compare "
+            "models evaluated on the same prepared data and split"
+        )
+    n = len(joined)
+    mean_a, mean_b = float(joined["a"].mean()), float(joined["b"].mean())
+    difference = joined["b"] - joined["a"]
+
+    def stderr(values: pl.Series) -> float:
+        return float(values.std()) / math.sqrt(n) if n > 1 else 0.0
+
+    paired = stderr(difference)
+    return {
+        "targets": n,
+        "a": mean_a,
+        "b": mean_b,
+        "difference": mean_b - mean_a,
+        "relative": mean_b / mean_a - 1 if mean_a else math.nan,
+        "stderr": paired,
+        "ci95_low": mean_b - mean_a - 1.96 * paired,
+        "ci95_high": mean_b - mean_a + 1.96 * paired,
+        "unpaired_stderr": math.hypot(stderr(joined["a"]), stderr(joined["b"])),
+        "b_better": int((difference > 0).sum()),
+        "a_better": int((difference < 0).sum()),
+        "ties": int((difference == 0).sum()),
+    }

@@ -396,6 +396,52 @@ def test_evaluate_reports_a_user_segment_beside_the_whole_split(main_run, make_c
         evaluate.run(make_config("evaluate", [*overrides, f"users={tmp_path / 'unknown.csv'}"]))
 
 
+def test_evaluate_writes_each_targets_metrics_and_two_runs_compare_target_by_target(
+    main_run, make_config, tmp_path
+):
+    """per_target=<file>.parquet: one row per split and user whose means are the reported
+    metrics; two evaluations of the same targets (re-ranked or not) compare pair by pair."""
+    from recsys.tasks import prepare
+    from recsys.training.evaluation import compare_per_target
+
+    cfg, result = main_run
+    overrides = [f"model_ref={result.checkpoint}", "logger=none", *TINY_DATA, "splits=[val,test]"]
+    files = {n: tmp_path / "out" / f"{n}.parquet" for n in (0, 20)}
+    found = {
+        n: evaluate.run(
+            make_config("evaluate", [*overrides, f"training.rerank_top_n={n}", f"per_target={f}"])
+        )
+        for n, f in files.items()
+    }
+    table = pl.read_parquet(files[20])
+    assert table.columns[:5] == ["split", "user_id", "item_id", "retrieval_rank", "hr_at_5"]
+    stage_one = [c.startswith("retrieval_") for c in table.columns[4:]]
+    assert stage_one == sorted(stage_one) and "mrr" in table.columns  # users' metrics first
+    for split in ("val", "test"):
+        rows = table.filter(pl.col("split") == split)
+        assert rows["user_id"].is_unique().all()
+        for metric in ("ndcg_at_10", "hr_at_10", "retrieval_ndcg_at_10", "mrr"):
+            assert rows[metric].mean() == pytest.approx(found[20][f"{split}/{metric}"])
+    # the rank is the uncut stage-1 one: inside the top 10 exactly where stage 1 hits
+    ranked = table.filter(pl.col("retrieval_rank").is_not_null())
+    assert ((ranked["retrieval_rank"] <= 10) == (ranked["retrieval_hr_at_10"] == 1)).all()
+    # the item ids are the prepared log's raw ids, the users its users
+    prepared = prepare.prepared(make_config("evaluate", overrides))
+    sequences = pl.read_parquet(prepared / "sequences.parquet")
+    assert set(table["user_id"]) <= set(sequences["user_id"])
+    same = compare_per_target(files[0], files[20], "retrieval_ndcg_at_10", split="test")
+    assert same["difference"] == 0 and same["ties"] == same["targets"] > 0
+    paired = compare_per_target(files[0], pl.read_parquet(files[20]).to_pandas(), split="val")
+    assert paired["a"] == pytest.approx(found[0]["val/ndcg_at_10"])
+    assert paired["b"] == pytest.approx(found[20]["val/ndcg_at_10"])
+    # an evaluation never replaces a file, and refuses before any work
+    with pytest.raises(ValueError, match=r"per_target=.*0.parquet exists: remove it"):
+        evaluate.run(make_config("evaluate", [*overrides, f"per_target={files[0]}"]))
+    with pytest.raises(ValueError, match=r"per_target=.*t.csv: name a .parquet file"):
+        evaluate.run(make_config("evaluate", [*overrides, f"per_target={tmp_path / 't.csv'}"]))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["0.parquet", "20.parquet"]
+
+
 def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, make_config):
     """A champion trained on last night's log, evaluated on tonight's (another vocabulary), is
     refused naming model=<ref> as the user gave it and both fingerprints, not the temporary
