@@ -145,6 +145,13 @@ def _per_target_table(table, name: str) -> pl.DataFrame:
             f"{name} lacks column(s) {missing} of a per-target table (has {table.columns}): "
             "give what `pipelines.evaluate per_target=<file>.parquet` wrote"
         )
+    repeated = table.filter(pl.struct(TARGET_KEY).is_duplicated())
+    if len(repeated):
+        raise DataError(
+            f"{name} holds {len(repeated)} rows of the same split and user, e.g. "
+            f"{repeated.select(TARGET_KEY).head(2).rows()}: a per-target table has one row per "
+            "split and user (concatenated tables of two evaluations?)"
+        )
     return table
 
 

@@ -66,6 +66,8 @@ def test_tables_of_other_targets_splits_or_metrics_are_refused():
         compare_per_target(a, a, "hr_at_10")
     with pytest.raises(DataError, match=r"a lacks column\(s\) \['item_id'\]"):
         compare_per_target(a.drop("item_id"), a)
+    with pytest.raises(DataError, match=r"b holds 2 rows of the same split and user"):
+        compare_per_target(a, pl.concat([a, a.head(1)]))
     with pytest.raises(DataError, match=r"is not a file: give the per-target file"):
         compare_per_target("missing.parquet", a)
     with pytest.raises(ValueError, match=r"none of the 1 users listed has a test target"):
