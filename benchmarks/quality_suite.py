@@ -267,12 +267,17 @@ def compose(dataset: str, model: Model, seed: int, run_dir: Path, extra: list[st
 
 RESULT_FILE = "result.json"  # a finished run's result, in its folder
 COMMAND_FILE = "command.txt"  # what the folder's run was started with
+# each test and validation target's metrics (pipelines.evaluate per_target=): two runs on the
+# same data compare target by target with benchmarks.compare_targets
+PER_TARGET_FILE = "per_target.parquet"
 
 
 def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str]) -> dict:
     """One run in ``work/<dataset>-<model>-<seed>``. In a kept work folder the suite can be
     stopped and started again with the same command: a finished run's result is read back,
     and an interrupted one continues from its last epoch (``resume=last``)."""
+    from omegaconf import open_dict
+
     from recsys.tasks import evaluate, train
 
     run_dir = work / f"{dataset}-{model.name}-{seed}"
@@ -298,9 +303,11 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
     started_with.write_text(command)
     spec = DATASETS.get(dataset)  # tests run experiment configs outside the suite too
     segment = spec.segment if spec is not None else None
+    per_target = run_dir / PER_TARGET_FILE
+    per_target.unlink(missing_ok=True)  # of an evaluation stopped before the result was written
+    with open_dict(cfg):
+        cfg.per_target = str(per_target)
     if segment is not None:
-        from omegaconf import open_dict
-
         users = run_dir / "segment_users.parquet"
         segment[1](cfg, users)
         with open_dict(cfg):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 
+import polars as pl
 import pytest
 import torch
 
@@ -278,7 +279,13 @@ def test_a_kept_run_is_read_back_when_finished_and_continued_when_interrupted(
     first_clock = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
 
     monkeypatch.setattr(evaluate, "run", real_evaluate)
+    per_target = run_dir / quality_suite.PER_TARGET_FILE
+    per_target.write_bytes(b"from an evaluation stopped before the result was written")
     result = quality_suite.run_one("tiny", model, 0, tmp_path, extra)
+    targets = pl.read_parquet(per_target)  # the suite's own, written again
+    test_rows = targets.filter(pl.col("split") == "test")  # (unknown_targets=skip: unscaled)
+    assert test_rows["ndcg_at_10"].mean() == pytest.approx(result["test"]["test/ndcg_at_10"])
+    assert set(targets["split"]) == {"val", "test"}
     assert result["resumed"] and result["epochs"] == 1
     clock = next(v for k, v in first_clock["callbacks"].items() if k == "TrainingClock")
     assert result["train_seconds"] == clock["train_seconds"]  # no epoch trained again
