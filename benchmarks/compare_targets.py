@@ -4,11 +4,13 @@
     python -m pipelines.evaluate model=<b> per_target=b.parquet 'splits=[val,test]' ...
     python -m benchmarks.compare_targets a.parquet b.parquet --split test [--users <file>]
         [--metric ndcg_at_10 --metric hr_at_10]
+    python -m benchmarks.compare_targets a.parquet b_seed0.parquet,b_seed1.parquet ...
 
 Prints a Markdown table: per metric, each model's mean, the difference b - a with its paired
 standard error and 95 % interval, the standard error it would have as two independent samples,
 and on how many targets each model is ahead (:func:`recsys.training.evaluation.
-compare_per_target`). The standard errors are over targets, not over training seeds.
+compare_per_target`). A comma-separated list of files (e.g. one per training seed) stands for
+their per-target mean. The standard errors are over targets, not over training seeds.
 """
 
 from __future__ import annotations
@@ -35,15 +37,18 @@ def row(metric: str, got: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("a", help="per-target file of model a (pipelines.evaluate per_target=)")
-    parser.add_argument("b", help="per-target file of model b, on the same targets")
+    parser.add_argument(
+        "a", help="per-target file(s) of model a (pipelines.evaluate per_target=), comma-separated"
+    )
+    parser.add_argument("b", help="per-target file(s) of model b, on the same targets")
     parser.add_argument("--metric", action="append", help="default: ndcg_at_10 and hr_at_10")
     parser.add_argument("--split", help="val or test (needed when the files hold both)")
     parser.add_argument("--users", help="a CSV / Parquet file of user ids: only theirs")
     args = parser.parse_args(argv)
     lines = [HEADER]
     for metric in args.metric or ["ndcg_at_10", "hr_at_10"]:
-        got = compare_per_target(args.a, args.b, metric, split=args.split, users=args.users)
+        a, b = (files.split(",") if "," in files else files for files in (args.a, args.b))
+        got = compare_per_target(a, b, metric, split=args.split, users=args.users)
         lines.append(row(metric, got))
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -165,7 +165,8 @@ def compare_per_target(
 ) -> dict[str, float]:
     """Two models on the same targets, target by target: their per-target tables (paths, or
     polars / pandas frames, as ``pipelines.evaluate per_target=`` writes them) joined on split
-    and user.
+    and user. ``a`` or ``b`` may be a list of tables, e.g. one per training seed: each
+    target's metric is then the mean over them.
 
     Returns the number of targets, each model's mean ``metric`` (``a``, ``b``), the difference
     ``b - a``, its relative size (``b / a - 1``), its standard error as a paired one
@@ -173,50 +174,76 @@ def compare_per_target(
     leaves out how hard each target is, shared by both models) with the 95 % interval, the
     standard error the two means would have as independent samples (``unpaired_stderr``, for
     comparison), and how many targets each model scores higher on (``b_better``, ``a_better``,
-    ``ties``). Both standard errors are over targets: they do not include how a second
-    training seed would move either model.
+    ``ties``). Both standard errors are over targets: they do not include how another
+    training seed would move either model (pass several seeds' tables to average over them).
 
     ``split``: which split to compare (needed when the tables hold several). ``users``: only
     these user ids (an iterable, a polars Series, or a CSV / Parquet file as ``users=`` of
-    ``pipelines.evaluate`` reads it). The two tables must hold the same targets (the same
-    data and split): other tables are refused, saying how they differ."""
-    a, b = _per_target_table(a, "a"), _per_target_table(b, "b")
-    for name, table in (("a", a), ("b", b)):
-        if metric not in table.columns:
-            metrics = [c for c in table.columns if c not in TARGET_COLUMNS]
-            raise ValueError(f"metric={metric!r} is not a column of {name}: choose from {metrics}")
-    splits = sorted(set(a["split"].unique()) | set(b["split"].unique()))
+    ``pipelines.evaluate`` reads it). All tables must hold the same targets (the same data and
+    split): other tables are refused, saying how they differ."""
+    sides = {"a": a, "b": b}
+    tables: dict[str, pl.DataFrame] = {}  # "a", or "a[0]", "a[1]", ... for a list
+    for side, given in sides.items():
+        many = isinstance(given, list | tuple)
+        if many and not given:
+            raise ValueError(f"{side}: an empty list of tables")
+        for i, table in enumerate(given if many else [given]):
+            name = f"{side}[{i}]" if many else side
+            tables[name] = _per_target_table(table, name)
+            if metric not in tables[name].columns:
+                metrics = [c for c in tables[name].columns if c not in TARGET_COLUMNS]
+                raise ValueError(
+                    f"metric={metric!r} is not a column of {name}: choose from {metrics}"
+                )
+    splits = sorted({s for table in tables.values() for s in table["split"].unique()})
     if split is None:
         if len(splits) != 1:
             raise ValueError(f"the tables hold splits {splits}: choose one with split=")
         split = splits[0]
-    a, b = (t.filter(pl.col("split") == split) for t in (a, b))
-    if not len(a) or not len(b):
-        raise ValueError(f"split={split!r}: {'a' if not len(a) else 'b'} has no {split} target")
+    ids = None
     if users is not None:
         if isinstance(users, str | os.PathLike):
             users = read_user_list(users)
         ids = pl.Series("user_id", list(users) if not isinstance(users, pl.Series) else users)
-        ids = ids.cast(a["user_id"].dtype, strict=False)
-        a, b = (t.filter(pl.col("user_id").is_in(ids.implode())) for t in (a, b))
-        if not len(a):
-            raise ValueError(f"none of the {len(ids)} users listed has a {split} target in a")
-    value = pl.col(metric).cast(pl.Float64)
-    joined = a.select(*TARGET_KEY, "item_id", value.alias("a")).join(
-        b.select(*TARGET_KEY, pl.col("item_id").alias("item_b"), value.alias("b")),
-        on=TARGET_KEY,
-        how="full",
-        coalesce=True,
+    joined = None
+    for i, (name, table) in enumerate(tables.items()):
+        table = table.filter(pl.col("split") == split)
+        if not len(table):
+            raise ValueError(f"split={split!r}: {name} has no {split} target")
+        if ids is not None:
+            table = table.filter(
+                pl.col("user_id").is_in(ids.cast(table["user_id"].dtype, strict=False).implode())
+            )
+            if not len(table):
+                raise ValueError(
+                    f"none of the {len(ids)} users listed has a {split} target in {name}"
+                )
+        table = table.select(
+            *TARGET_KEY,
+            pl.col("item_id").alias(f"item_{i}"),
+            pl.col(metric).cast(pl.Float64).alias(name),
+        )
+        joined = (
+            table
+            if joined is None
+            else joined.join(table, on=TARGET_KEY, how="full", coalesce=True)
+        )
+    names = list(tables)
+    unpaired = joined.filter(pl.any_horizontal(pl.col(names).is_null()))
+    other_item = joined.filter(
+        pl.any_horizontal(pl.col(f"item_{i}") != pl.col("item_0") for i in range(1, len(names)))
     )
-    unpaired = joined.filter(pl.col("a").is_null() | pl.col("b").is_null())
-    other_item = joined.filter(pl.col("item_id") != pl.col("item_b"))
     if len(unpaired) or len(other_item):
         raise DataError(
             f"the tables do not hold the same {split} targets: {len(unpaired)} users have a "
-            f"target in only one, {len(other_item)} another target item (e.g. "
+            f"target in only some of them, {len(other_item)} another target item (e.g. "
             f"{pl.concat([unpaired, other_item])['user_id'].head(3).to_list()}): compare "
             "models evaluated on the same prepared data and split"
         )
+    joined = joined.select(
+        pl.mean_horizontal(n for n in names if n.split("[")[0] == side).alias(side)
+        for side in sides
+    )
     n = len(joined)
     mean_a, mean_b = float(joined["a"].mean()), float(joined["b"].mean())
     difference = joined["b"] - joined["a"]

@@ -52,11 +52,31 @@ def test_pairs_are_matched_by_user_not_by_row_order_and_users_select(tmp_path):
     assert compare_per_target(a, b, users=[2])["ties"] == 1
 
 
+def test_several_tables_on_a_side_are_averaged_target_by_target():
+    """One table per training seed: each target's metric is their mean before pairing."""
+    a = table([0.0, 1.0, 0.5, 0.25])
+    seeds = [table([1.0, 1.0, 0.0, 0.5]), table([0.0, 1.0, 1.0, 0.5]).reverse()]
+    got = compare_per_target(a, seeds)
+    mean_b = table([0.5, 1.0, 0.5, 0.5])
+    assert got == compare_per_target(a, mean_b)
+    assert compare_per_target([a, a], seeds)["difference"] == pytest.approx(got["difference"])
+    with pytest.raises(DataError, match=r"1 users have a target in only some of them"):
+        compare_per_target(a, [seeds[0], seeds[1].head(3)])
+    with pytest.raises(ValueError, match=r"metric='ndcg_at_10' is not a column of b\[1\]"):
+        compare_per_target(a, [seeds[0], seeds[1].rename({"ndcg_at_10": "x"})])
+    with pytest.raises(ValueError, match=r"b: an empty list of tables"):
+        compare_per_target(a, [])
+
+
 def test_tables_of_other_targets_splits_or_metrics_are_refused():
     a = table([0.0, 1.0, 0.5])
-    with pytest.raises(DataError, match=r"1 users have a target in only one, 0 another target"):
+    with pytest.raises(
+        DataError, match=r"1 users have a target in only some of them, 0 another target"
+    ):
         compare_per_target(a, table([0.0, 1.0]))
-    with pytest.raises(DataError, match=r"0 users have a target in only one, 3 another target"):
+    with pytest.raises(
+        DataError, match=r"0 users have a target in only some of them, 3 another target"
+    ):
         compare_per_target(a, table([0.0, 1.0, 0.5], items=(7, 8, 9)))
     both = pl.concat([a, table([0.0, 1.0, 0.5], split="val")])
     with pytest.raises(ValueError, match=r"splits \['test', 'val'\]: choose one with split="):
@@ -112,3 +132,15 @@ def test_the_command_prints_one_row_per_metric(tmp_path, capsys):
     assert lines[2].startswith("| ndcg_at_10 | 4 | 0.4375 | 0.6250 | +0.1875 ± ")
     assert lines[3].startswith("| hr_at_10 | 4 | 0.7500 | 0.7500 | +0.0000 ± ")
     assert lines[3].endswith("| 1 / 1 / 2 |")  # b hits user 1, a user 3
+
+
+def test_the_command_averages_a_comma_separated_list(tmp_path, capsys):
+    from benchmarks import compare_targets
+
+    files = []
+    for name, values in (("a", [0.0, 1.0]), ("b0", [1.0, 1.0]), ("b1", [0.0, 0.0])):
+        table(values).write_parquet(tmp_path / f"{name}.parquet")
+        files.append(str(tmp_path / f"{name}.parquet"))
+    assert compare_targets.main([files[0], ",".join(files[1:]), "--metric", "ndcg_at_10"]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith("| ndcg_at_10 | 2 | 0.5000 | 0.5000 | +0.0000 ± 0.5000 |")
