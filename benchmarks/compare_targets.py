@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", help="val or test (needed when the files hold both)")
     parser.add_argument("--users", help="a CSV / Parquet file of user ids: only theirs")
     args = parser.parse_args(argv)
+    a, b = (files.split(",") if "," in files else files for files in (args.a, args.b))
     lines = [HEADER]
     for metric in args.metric or ["ndcg_at_10", "hr_at_10"]:
-        a, b = (files.split(",") if "," in files else files for files in (args.a, args.b))
         got = compare_per_target(a, b, metric, split=args.split, users=args.users)
         lines.append(row(metric, got))
     sys.stdout.write("\n".join(lines) + "\n")
