@@ -187,9 +187,8 @@ def test_jobs_given_an_mlflow_model_leave_no_copy_of_it_behind(
         output = f"retrieval.output.path={tmp_path}/recs{number}"
         score.run(make_config("score", [f"model_ref={ref}", output, *common]))
     evaluation = [f"model_ref={run_id}", *TINY_DATA, "training.rerank_top_n=20"]
-    evaluate.run(
-        make_config("evaluate", [*evaluation, f"logger.tracking_uri={cfg.logger.tracking_uri}"])
-    )
+    tracked = [f"logger.tracking_uri={cfg.logger.tracking_uri}", f"per_target={tmp_path}/t.parquet"]
+    evaluate.run(make_config("evaluate", [*evaluation, *tracked]))
     assert list(scratch.glob("recsys-model-*")) == []
     # the evaluation's own run says which model it measured
     client = MlflowClient(tracking_uri=cfg.logger.tracking_uri)
@@ -199,6 +198,8 @@ def test_jobs_given_an_mlflow_model_leave_no_copy_of_it_behind(
     assert evaluated.data.tags["model.run_id"] == run_id
     assert evaluated.data.tags["model.uri"] == f"runs:/{run_id}/model"
     assert "test/ndcg_at_10" in evaluated.data.metrics
+    # the per-target file travels with the run
+    assert "t.parquet" in {f.path for f in client.list_artifacts(evaluated.info.run_id)}
 
 
 def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, tmp_path):
