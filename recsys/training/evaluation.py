@@ -244,24 +244,22 @@ def compare_per_target(
         pl.mean_horizontal(n for n in names if n.split("[")[0] == side).alias(side)
         for side in sides
     )
-    n = len(joined)
-    mean_a, mean_b = float(joined["a"].mean()), float(joined["b"].mean())
     difference = joined["b"] - joined["a"]
-
-    def stderr(values: pl.Series) -> float:
-        return float(values.std()) / math.sqrt(n) if n > 1 else 0.0
-
-    paired = stderr(difference)
+    totals = MeanAccumulator()  # the means and standard errors evaluation reports, likewise
+    columns = {"a": joined["a"], "b": joined["b"], "d": difference}
+    totals.update({name: torch.tensor(v.to_numpy()) for name, v in columns.items()})
+    means, errors = totals.compute(), totals.standard_errors()
+    mean_a, mean_b = means["a"], means["b"]
     return {
-        "targets": n,
+        "targets": totals.count,
         "a": mean_a,
         "b": mean_b,
         "difference": mean_b - mean_a,
         "relative": mean_b / mean_a - 1 if mean_a else math.nan,
-        "stderr": paired,
-        "ci95_low": mean_b - mean_a - 1.96 * paired,
-        "ci95_high": mean_b - mean_a + 1.96 * paired,
-        "unpaired_stderr": math.hypot(stderr(joined["a"]), stderr(joined["b"])),
+        "stderr": errors["d"],
+        "ci95_low": mean_b - mean_a - 1.96 * errors["d"],
+        "ci95_high": mean_b - mean_a + 1.96 * errors["d"],
+        "unpaired_stderr": math.hypot(errors["a"], errors["b"]),
         "b_better": int((difference > 0).sum()),
         "a_better": int((difference < 0).sum()),
         "ties": int((difference == 0).sum()),
