@@ -93,6 +93,8 @@ class SeqRecDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.store: SequenceStore | None = None
+        self._train_loader: DataLoader | None = None
+        self._train_batches: dict | None = None  # a checkpoint's batch order, for the next loader
 
     def setup(self, stage: str | None = None) -> None:
         if self.store is None:
@@ -105,7 +107,7 @@ class SeqRecDataModule(pl.LightningDataModule):
         self.setup()
         extra = {"partners": True} if self.partners else {}
         windows = TRAIN_SAMPLES[self.train_samples](self.store, **self._settings(), **extra)
-        return batch_loader(
+        loader = batch_loader(
             windows,
             batch_size=self.batch_size,
             shuffle=True,
@@ -113,6 +115,23 @@ class SeqRecDataModule(pl.LightningDataModule):
             seed=self.seed,
             lengths=windows.input_lengths,
         )
+        if self._train_batches is not None:
+            loader.sampler.load_state_dict(self._train_batches)
+            self._train_batches = None
+        self._train_loader = loader
+        return loader
+
+    def state_dict(self) -> dict:
+        """Kept in each checkpoint: the position of the train loader's batch-order stream
+        (:class:`~recsys.data.dataset.LengthGroupedBatches`). A training resumed from an
+        epoch's end (``resume=last``) continues it, so its epochs see the batch orders an
+        uninterrupted training's would, not the first epochs' again (Lightning restores a
+        loader's own state only within an epoch)."""
+        sampler = getattr(self._train_loader, "sampler", None)
+        return {"train_batches": sampler.state_dict()} if hasattr(sampler, "state_dict") else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._train_batches = state_dict.get("train_batches")
 
     def target_loader(self, split: str, users: np.ndarray | None = None) -> DataLoader:
         """Evaluation rows for ``split`` in {"val", "test"}; with ``users`` ((U,) bool over

@@ -412,6 +412,13 @@ class LengthGroupedBatches(Sampler[list[int]]):
     def __len__(self) -> int:
         return math.ceil(len(self.lengths) / self.batch_size)
 
+    def state_dict(self) -> dict:
+        """The random stream's position (plain values: a checkpoint holds it)."""
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
     def __iter__(self) -> Iterator[list[int]]:
         order = self.rng.permutation(len(self.lengths))
         batches = []
@@ -423,6 +430,23 @@ class LengthGroupedBatches(Sampler[list[int]]):
             ]
         for index in self.rng.permutation(len(batches)):
             yield batches[index].tolist()
+
+
+class ShuffledBatches(BatchSampler):
+    """Batches of a random order of every row, drawn from a generator seeded with ``seed``
+    (each epoch continues its stream; its position is the state a checkpoint keeps)."""
+
+    def __init__(self, dataset: Dataset, *, batch_size: int, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+        sampler = RandomSampler(dataset, generator=self.generator)
+        super().__init__(sampler, batch_size=batch_size, drop_last=False)
+
+    def state_dict(self) -> dict:
+        """The generator's position (a tensor: a checkpoint holds it)."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
 
 
 def batch_loader(
@@ -441,12 +465,10 @@ def batch_loader(
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     if shuffle and lengths is not None:
         batches = LengthGroupedBatches(lengths, batch_size=batch_size, seed=seed)
+    elif shuffle:
+        batches = ShuffledBatches(dataset, batch_size=batch_size, seed=seed)
     else:
-        generator = torch.Generator().manual_seed(seed)
-        sampler = (
-            RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-        )
-        batches = BatchSampler(sampler, batch_size=batch_size, drop_last=False)
+        batches = BatchSampler(SequentialSampler(dataset), batch_size=batch_size, drop_last=False)
     return DataLoader(
         dataset,
         batch_size=None,

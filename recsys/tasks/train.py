@@ -44,7 +44,7 @@ from recsys.model.transition import TransitionCounts
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, flatten, load_model, use_tracker
-from recsys.training.callbacks import CheckMonitors, TrainingClock
+from recsys.training.callbacks import CheckMonitors, RandomStreams, TrainingClock
 from recsys.training.evaluation import pick_device
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import same_target_partners
@@ -883,7 +883,7 @@ def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> Tra
         trainer = instantiate(
             cfg.trainer,
             logger=tracker.lightning_logger() or False,
-            callbacks=[*callbacks.values(), CheckMonitors(monitors)],
+            callbacks=[*callbacks.values(), CheckMonitors(monitors), RandomStreams()],
         )
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections.abc import Mapping
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import EMAWeightAveraging
@@ -87,6 +89,61 @@ class TrainingClock(pl.Callback):
             }
         )
         self.history.append({**entry, **self._curve})
+
+
+class RandomStreams(pl.Callback):
+    """Keeps the global random streams (torch's, CUDA's, numpy's and Python's) in every
+    checkpoint and puts them back when a training resumes from one, so that the continued
+    epochs draw the dropout masks, sampled negatives and contrastive partners an uninterrupted
+    training would have drawn. With the data module's state (the batch order:
+    :meth:`recsys.data.datamodule.SeqRecDataModule.state_dict`) a training resumed from an
+    epoch's end repeats an uninterrupted one's epochs exactly, on the same machine and
+    settings.
+
+    Every value is a tensor or a plain number, so a checkpoint still loads with
+    ``weights_only=True``. Lightning restores callback states before the sanity check (which
+    runs with the streams isolated) and before the first training batch is drawn, and the
+    checkpoint callbacks save after each epoch's validation, whose draws come from generators
+    of its own: nothing draws between a save and the next epoch's first batch."""
+
+    def state_dict(self) -> dict:
+        numpy_state = np.random.get_state(legacy=False)
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": {
+                "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                "pos": int(numpy_state["state"]["pos"]),
+                "has_gauss": int(numpy_state["has_gauss"]),
+                "gauss": float(numpy_state["gauss"]),
+            },
+            "python": random.getstate(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        torch.set_rng_state(state_dict["torch"])
+        saved = state_dict["numpy"]
+        np.random.set_state(
+            {
+                "bit_generator": "MT19937",
+                "state": {"key": saved["key"].numpy().astype(np.uint32), "pos": saved["pos"]},
+                "has_gauss": saved["has_gauss"],
+                "gauss": saved["gauss"],
+            }
+        )
+        version, internal, gauss = state_dict["python"]
+        random.setstate((version, tuple(internal), gauss))
+        cuda = state_dict.get("cuda")
+        if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+            torch.cuda.set_rng_state_all(cuda)
+        elif cuda:
+            log.warning(
+                "the checkpoint's CUDA random streams (%d devices) do not fit this machine: "
+                "the continued epochs' GPU draws start again",
+                len(cuda),
+            )
 
 
 class CheckMonitors(pl.Callback):

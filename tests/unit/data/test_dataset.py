@@ -439,6 +439,33 @@ def test_length_grouped_batches_cover_every_row_once_and_group_lengths():
     )
 
 
+def test_shuffled_batch_orders_continue_from_a_saved_state():
+    """A sampler given an earlier one's state (as a resumed training's data module does) draws
+    the epochs that sampler would have drawn next, not its first epoch again; the state
+    survives a weights_only checkpoint."""
+    import io
+
+    from recsys.data.dataset import LengthGroupedBatches, ShuffledBatches
+
+    lengths = np.random.default_rng(0).integers(1, 50, size=300)
+    made = {
+        "grouped": lambda: LengthGroupedBatches(lengths, batch_size=10, seed=1),
+        "shuffled": lambda: ShuffledBatches(range(300), batch_size=10, seed=1),
+    }
+    for name, make in made.items():
+        first = make()
+        epoch_1 = list(first)
+        buffer = io.BytesIO()
+        torch.save(first.state_dict(), buffer)
+        epochs_2_3 = [list(first), list(first)]
+        again = make()
+        buffer.seek(0)
+        again.load_state_dict(torch.load(buffer, weights_only=True))
+        assert [list(again), list(again)] == epochs_2_3, name
+        assert epochs_2_3[0] != epoch_1, name
+        assert sorted(i for b in epochs_2_3[0] for i in b) == list(range(300)), name
+
+
 # -- training prefixes -----------------------------------------------------------------------
 
 

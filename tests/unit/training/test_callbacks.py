@@ -1,12 +1,17 @@
-"""CheckMonitors on its own (the tasks' tests run it inside real trainings)."""
+"""CheckMonitors and RandomStreams on their own (the tasks' tests run them inside real
+trainings)."""
 
 from __future__ import annotations
 
+import io
+import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
-from recsys.training.callbacks import CheckMonitors
+from recsys.training.callbacks import CheckMonitors, RandomStreams
 
 LOGGED = SimpleNamespace(callback_metrics={"val/ndcg_at_10": 0.1, "val/mrr": 0.2})
 
@@ -27,3 +32,24 @@ def test_an_unlogged_monitor_is_refused_with_the_names_to_choose_from():
         check.on_sanity_check_end(LOGGED, None)
     with pytest.raises(ValueError, match=r"write 'val/ndcg_at_10'"):
         CheckMonitors({"k": "val/ndcg@10"}).on_sanity_check_end(LOGGED, None)
+
+
+def test_random_streams_survive_a_weights_only_checkpoint():
+    """The saved state, through torch.save and a weights_only load, puts every global stream
+    back where it was: the next draws repeat."""
+
+    def draws() -> tuple:
+        return torch.rand(3).tolist(), np.random.rand(3).tolist(), random.random()
+
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    draws()  # streams somewhere in the middle
+    np.random.standard_normal()  # numpy caches half of a Gaussian pair: its state too
+    buffer = io.BytesIO()
+    torch.save({"callbacks": {"RandomStreams": RandomStreams().state_dict()}}, buffer)
+    expected = draws(), np.random.standard_normal()
+    torch.manual_seed(9), np.random.seed(9), random.seed(9)
+    buffer.seek(0)
+    RandomStreams().load_state_dict(
+        torch.load(buffer, weights_only=True)["callbacks"]["RandomStreams"]
+    )
+    assert (draws(), np.random.standard_normal()) == expected
