@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 import polars as pl
 import pytest
-from mlflow.tracking import MlflowClient
 
 from recsys.data.io import DataError
 from recsys.data.pipeline import load_stats
@@ -26,6 +25,13 @@ TINY_DATA = [
     "data.source.num_categories=8",
 ]
 BASE_COLUMNS = ["user_id", "rank", "item_id", "score", "source"]
+
+
+def mlflow_client(tracking_uri: str):
+    # imported here: the GPU tests (-m gpu) run where mlflow is not installed
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
 
 
 def read_parts(folder: Path) -> pl.DataFrame:
@@ -64,7 +70,7 @@ def test_main_job_writes_recommendations(main_run):
 
 def test_main_job_mlflow_run(main_run):
     cfg, result = main_run
-    client = MlflowClient(tracking_uri=cfg.logger.tracking_uri)
+    client = mlflow_client(cfg.logger.tracking_uri)
     run_id = result.run.split()[2]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -152,7 +158,7 @@ def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_co
         [f"model_ref={REGISTERED}@champion", f"retrieval.output.path={tmp_path}/c", *common],
     )
     assert read_parts(score.run(by_alias)).equals(expected)
-    client = MlflowClient(tracking_uri=cfg.logger.tracking_uri)
+    client = mlflow_client(cfg.logger.tracking_uri)
     scoring_runs = client.search_runs(
         [client.get_experiment_by_name("recsys").experiment_id],
         filter_string="tags.task = 'score' and tags.`model.run_id` = '" + run_id + "'",
@@ -191,7 +197,7 @@ def test_jobs_given_an_mlflow_model_leave_no_copy_of_it_behind(
     evaluate.run(make_config("evaluate", [*evaluation, *tracked]))
     assert list(scratch.glob("recsys-model-*")) == []
     # the evaluation's own run says which model it measured
-    client = MlflowClient(tracking_uri=cfg.logger.tracking_uri)
+    client = mlflow_client(cfg.logger.tracking_uri)
     (evaluated,) = client.search_runs(
         [r.experiment_id for r in client.search_experiments()], "tags.task = 'evaluate'"
     )
@@ -629,7 +635,7 @@ def test_a_main_job_that_fails_after_training_registers_no_version_and_moves_no_
     monkeypatch.setattr(score, "run", scoring_fails)
     with pytest.raises(RuntimeError, match="scoring failed"):
         main.run(cfg)
-    client = MlflowClient(tracking_uri=cfg.logger.tracking_uri)
+    client = mlflow_client(cfg.logger.tracking_uri)
     assert client.search_model_versions("name='m'") == []
     (failed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert failed.info.status == "FAILED"
@@ -696,7 +702,7 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
     assert resumed.best_val["best/val_ndcg_at_10"] == pytest.approx(best_val)
 
     # one MLflow run for the whole training: the resumed call continued the first one's
-    client = MlflowClient(tracking_uri=first_cfg.logger.tracking_uri)
+    client = mlflow_client(first_cfg.logger.tracking_uri)
     run_id = first.run.split()[2]
     assert resumed.run == first.run and final["recsys"]["mlflow_run_id"] == run_id
     run = client.get_run(run_id)
@@ -734,16 +740,20 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
         train.run(make_config("config", [*base, "trainer.max_epochs=4", f"resume={scoring}"]))
 
 
-def test_a_resumed_training_repeats_an_uninterrupted_one_exactly(make_config, tmp_path):
+@pytest.mark.parametrize(
+    "trainer", ["default", pytest.param("gpu", marks=pytest.mark.gpu)], ids=lambda t: f"trainer={t}"
+)
+def test_a_resumed_training_repeats_an_uninterrupted_one_exactly(make_config, tmp_path, trainer):
     """2 epochs, then resume=last to 3, gives the weights and validation figures of 3 epochs in
     one go: the batch order, dropout masks, input masks, sampled negatives and contrastive
     partners continue their random streams instead of starting again from the seed.
     (trainer.deterministic: on two threads some gradient sums otherwise differ in the last
-    bits between any two runs, resumed or not.)"""
+    bits between any two runs, resumed or not; on a GPU, atomic adds do.)"""
     import torch
 
     random_draws = [
         *TINY,
+        f"trainer={trainer}",
         "logger=none",
         "trainer.deterministic=true",
         "callbacks.early_stopping.patience=50",
@@ -776,6 +786,44 @@ def test_a_resumed_training_repeats_an_uninterrupted_one_exactly(make_config, tm
         assert a[key].keys() == b[key].keys()
         different = [k for k in a[key] if not torch.equal(a[key][k], b[key][k])]
         assert not different, f"{key}: {different}"
+
+
+@pytest.mark.gpu
+def test_the_main_job_runs_on_a_gpu_and_its_scoring_there_matches_the_cpu(make_config, tmp_path):
+    """trainer=gpu (bf16-mixed) and retrieval.accelerator=gpu: prepare -> train -> evaluate ->
+    score on CUDA; the CPU's scoring of the same checkpoint gives the same scores rank by rank
+    (items may swap only where two scores tie within float error)."""
+    import math
+
+    import torch
+
+    result = main.run(
+        make_config("config", [*TINY, "trainer=gpu", "retrieval.accelerator=gpu", "logger=none"])
+    )
+    assert torch.cuda.max_memory_allocated() > 0
+    assert all(math.isfinite(v) for v in result.metrics.values())
+    on_gpu = read_parts(result.recommendations)
+    on_cpu = read_parts(
+        score.run(
+            make_config(
+                "score",
+                [
+                    f"model_ref={result.checkpoint}",
+                    *TINY_DATA,
+                    "retrieval.rerank_top_n=20",
+                    "retrieval.accelerator=cpu",
+                    "logger=none",
+                    f"retrieval.output.path={tmp_path / 'on_cpu'}",
+                ],
+            )
+        )
+    )
+    assert on_gpu.height > 0
+    assert on_gpu.select("user_id", "rank").equals(on_cpu.select("user_id", "rank"))
+    torch.testing.assert_close(
+        on_gpu["score"].to_torch(), on_cpu["score"].to_torch(), rtol=1e-4, atol=1e-4
+    )
+    assert (on_gpu["item_id"] == on_cpu["item_id"]).mean() > 0.98
 
 
 def test_a_training_killed_by_sigterm_exits_non_zero(make_config, monkeypatch):

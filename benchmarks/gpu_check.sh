@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, on a machine with a CUDA device and recsys' packages importable
+# (mlflow is not needed: every job here runs with logger=none).
+#
+#   bash benchmarks/gpu_check.sh [LOG_DIR]
+#
+# 1. the tests marked gpu (the main job on CUDA, its scoring against the CPU's, a resumed
+#    training on the GPU repeating an uninterrupted one, dropout);
+# 2. the unit tests, where trainer.accelerator=auto now means the GPU (test files that import
+#    mlflow fail to collect where it is absent; the others run);
+# 3. the main job's wall time with trainer=gpu and with the CPU only, side by side.
+# Each step's output goes to LOG_DIR (default: a temporary folder) and a summary to stdout.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG_DIR=${1:-$(mktemp -d)}
+mkdir -p "$LOG_DIR"
+WORK=$(mktemp -d)
+export PYTHONUNBUFFERED=1
+
+python - <<'EOF' | tee "$LOG_DIR/versions.txt"
+import platform, torch, pytorch_lightning, polars, pandas, hydra
+print("python", platform.python_version(), "| torch", torch.__version__, "| lightning",
+      pytorch_lightning.__version__, "| polars", polars.__version__, "| pandas",
+      pandas.__version__, "| hydra", hydra.__version__)
+print("cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+EOF
+
+step() {  # step NAME TIMEOUT COMMAND...: run, keep the log, print the last lines and the time
+    local name=$1 limit=$2
+    shift 2
+    local start=$EPOCHREALTIME
+    timeout "$limit" "$@" >"$LOG_DIR/$name.log" 2>&1
+    local rc=$?
+    awk -v n="$name" -v rc="$rc" -v a="$start" -v b="$EPOCHREALTIME" \
+        'BEGIN { printf "\n== %s: rc %s, %.1f s\n", n, rc, b - a }'
+    grep -iE "trained|train_seconds|epochs? in" "$LOG_DIR/$name.log" | tail -n 3
+    tail -n 12 "$LOG_DIR/$name.log"
+}
+
+step gpu_tests 200 python -m pytest -q -p no:cacheprovider -m gpu -rs \
+    tests/unit/model/test_layers.py tests/integration/test_pipelines.py
+step main_job_gpu 120 python -m pipelines.run trainer=gpu logger=none \
+    "paths.output_dir=$WORK/gpu"
+step main_job_cpu 120 python -m pipelines.run trainer.accelerator=cpu retrieval.accelerator=cpu \
+    logger=none "paths.output_dir=$WORK/cpu"
+step unit_tests 150 python -m pytest -q -p no:cacheprovider -rf --continue-on-collection-errors \
+    tests/unit
+rm -rf "$WORK"
