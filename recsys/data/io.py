@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys.schema import (
@@ -132,19 +133,47 @@ def _scan_files(
 
 
 def _listed(files: list[Path], root: Path) -> tuple[list[Path], list[Path]]:
-    """The readable files among ``files`` (under ``root``), and the hidden ones left out."""
-    files = [p for p in files if p.is_file() and _suffix(p) in SUPPORTED_SUFFIXES]
-    hidden = [p for p in files if _hidden(p, root)]
-    return [p for p in files if p not in hidden], hidden
+    """The readable files among ``files`` (under ``root``), and the hidden ones of a readable
+    type left out. A visible file of another type is refused by name: leaving it out would
+    drop its rows unseen (a ``.csv.bz2`` or ``.parquet.gzip`` beside ``.csv`` parts)."""
+    files = [p for p in files if p.is_file()]
+    hidden = {p for p in files if _hidden(p, root)}
+    other = [p for p in files if p not in hidden and _suffix(p) not in SUPPORTED_SUFFIXES]
+    if other:
+        shown = [str(p.relative_to(root)) for p in other[:5]]
+        more = f" and {len(other) - 5} more" if len(other) > 5 else ""
+        raise DataError(
+            f"{root} holds {len(other)} file(s) recsys does not read: {shown}{more}. It reads "
+            f"{', '.join(SUPPORTED_SUFFIXES)}; rather than leave rows out unseen, it stops: "
+            "convert or decompress those files, move them out, or name the files to read with "
+            f"a glob (e.g. {root / '*.csv'})"
+        )
+    readable = [p for p in files if _suffix(p) in SUPPORTED_SUFFIXES]
+    return [p for p in readable if p not in hidden], [p for p in readable if p in hidden]
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """Every file under ``folder``, sorted; links to folders are followed (each real folder
+    once, so a link back up does not loop), as they are for links to files."""
+    seen: set[str] = set()
+    found: list[Path] = []
+    for directory, subfolders, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(directory)
+        if real in seen:
+            subfolders.clear()
+            continue
+        seen.add(real)
+        found += [Path(directory, name) for name in names]
+    return sorted(found)
 
 
 def _expanded(path: Path) -> tuple[list[Path], Path] | None:
-    """A glob's matches or a folder's contents (sorted), with the folder their hidden names
+    """A glob's matches or a folder's files (sorted), with the folder their hidden names
     are judged under; ``None`` for a single path."""
     if not path.exists() and glob.has_magic(str(path)):
         return sorted(Path(p) for p in glob.glob(str(path), recursive=True)), _glob_root(str(path))
     if path.is_dir():
-        return sorted(path.rglob("*")), path
+        return _files_under(path), path
     return None
 
 
@@ -200,9 +229,33 @@ def _scan_file(
                 raise DataError(f"{path} is {kind}, not CSV text despite its name: {fix}")
         return _csv_types(_scan_csv(path), columns, path)
     try:
-        return pl.scan_parquet(path)
-    except Exception as err:  # polars raises several error types for corrupt files
+        return _scan_parquet(path)
+    except Exception as err:  # polars and pyarrow raise several error types for corrupt files
         raise DataError(f"{path} is not a readable Parquet file: {err}") from err
+
+
+def _fixed_offset(dtype: pa.DataType) -> bool:
+    """A timestamp type whose zone is a fixed UTC offset (``+05:30``), which polars refuses:
+    it takes named zones only."""
+    return pa.types.is_timestamp(dtype) and (dtype.tz or "")[:1] in ("+", "-")
+
+
+def _scan_parquet(path: Path) -> pl.LazyFrame:
+    """A Parquet file as a LazyFrame. Timestamps with a fixed UTC offset (pandas writes one for
+    ``"...+05:30"`` strings) are read as the UTC instants they hold, through pyarrow: polars'
+    own reader panics on such a column, even one that is not read."""
+    schema = pq.read_schema(path)
+    if not any(_fixed_offset(f.type) for f in schema):
+        return pl.scan_parquet(path)
+    import pyarrow.dataset as ds
+
+    as_utc = pa.schema(
+        [
+            pa.field(f.name, pa.timestamp(f.type.unit, "UTC")) if _fixed_offset(f.type) else f
+            for f in schema
+        ]
+    )
+    return pl.scan_pyarrow_dataset(ds.dataset(path, format="parquet", schema=as_utc))
 
 
 def _scan_csv(path: Path) -> pl.LazyFrame:
@@ -324,13 +377,29 @@ def _as_lazy(
                 f"{name}: column(s) {in_index} are the frame's index, not columns: pass "
                 "df.reset_index()"
             )
+        repeated = sorted({str(c) for c in source.columns[source.columns.duplicated()]})
+        if set(repeated) & set(columns):
+            raise DataError(
+                f"{name} has several columns named {sorted(set(repeated) & set(columns))}: "
+                "keep one of each (df.loc[:, ~df.columns.duplicated()] keeps the first) or "
+                "rename the copies"
+            )
+        if not set(columns) <= set(source.columns):
+            # a mapped column is missing: select_mapped names it among the frame's columns
+            return pl.LazyFrame(schema=dict.fromkeys(map(str, source.columns), pl.Null))
+        # only the mapped columns: another column need not convert (mixed types, objects)
+        source = source[list(columns)].copy(deep=False)  # the caller's frame stays as is
         # aware datetimes as UTC instants: polars takes named zones, not pandas' fixed offsets
-        # (datetime64[us, UTC+05:30], what pd.to_datetime makes of "...+05:30")
-        aware = [c for c in source.columns if isinstance(source[c].dtype, pd.DatetimeTZDtype)]
-        if aware:
-            source = source.copy(deep=False)  # the caller's frame stays as it is
-            for column in aware:
-                source[column] = source[column].dt.tz_convert("UTC")
+        # (datetime64[us, UTC+05:30], what pd.to_datetime makes of "...+05:30", or an Arrow
+        # timestamp with such a zone). pandas' own as naive UTC, which recsys reads as UTC
+        # (polars' conversion of an aware one takes Series.values, deprecated in pandas 3.1)
+        for column in source.columns:
+            dtype = source[column].dtype
+            if isinstance(dtype, pd.DatetimeTZDtype):
+                source[column] = source[column].dt.tz_convert(None)  # naive UTC
+            elif isinstance(dtype, pd.ArrowDtype) and _fixed_offset(dtype.pyarrow_dtype):
+                utc = pa.timestamp(dtype.pyarrow_dtype.unit, "UTC")
+                source[column] = source[column].astype(pd.ArrowDtype(utc))
         try:
             return pl.from_pandas(source).lazy()
         except (pl.exceptions.PolarsError, TypeError, ValueError) as err:

@@ -416,6 +416,16 @@ def prepare_dataset(
             f"{sorted(set(targets) - set(schema.behaviors))}, not among data.behaviors="
             f"{list(schema.behaviors)}: name target behaviours from that list"
         )
+    if (
+        isinstance(source, (str, os.PathLike))
+        and Path(source).is_dir()
+        and out_dir.resolve().is_relative_to(Path(source).resolve())
+    ):
+        raise DataError(
+            f"output folder {out_dir} is inside the event log's folder {source}, every file of "
+            "which is read: the next preparation would read the prepared files as events. "
+            f"Choose an output folder outside {source}"
+        )
     if not schema.has(TIMESTAMP) and settings.split.method == "temporal":
         raise DataError(
             f"{name}: the log has no timestamp column (data.columns.timestamp=null), so a "
@@ -441,6 +451,31 @@ def prepare_dataset(
         out_dir,
     )
     return stats, vocab
+
+
+# a log whose every event precedes this was most likely read in the wrong unit
+_PLAUSIBLE_SINCE = datetime(1980, 1, 1, tzinfo=UTC)
+
+
+def _warn_if_implausibly_old(summary: pl.DataFrame, schema: EventSchema, name: str) -> None:
+    """Seconds read as milliseconds, or dates written as numbers (20231114) read as seconds,
+    put a whole log in 1970: valid instants, so no row is bad, but the user is told."""
+    last = summary["last"][0]
+    if not schema.has(TIMESTAMP) or last >= _PLAUSIBLE_SINCE:
+        return  # an order-only log's times are its row numbers, in 1970 by design
+    unit = {"s": "seconds", "ms": "milliseconds"}[schema.timestamp_unit]
+    log.warning(
+        "%s: every event falls before %d (first %s, last %s). Numeric timestamps are read as "
+        "Unix %s (data.timestamp_unit=%s): if the column holds another unit, or dates written "
+        "as numbers (20231114), fix data.timestamp_unit or the column; a log that old needs "
+        "nothing",
+        name,
+        _PLAUSIBLE_SINCE.year,
+        summary["first"][0].isoformat(),
+        last.isoformat(),
+        unit,
+        schema.timestamp_unit,
+    )
 
 
 def _raise_if_disk_full(err: Exception, stage: Path, name: str) -> None:
@@ -606,6 +641,7 @@ def _prepare(
             f"{name}: no events survive min_user_events={settings.min_user_events} and "
             f"min_item_events={settings.min_item_events}: lower them"
         )
+    _warn_if_implausibly_old(summary, schema, name)
 
     # 4. split: the cut times here; each user's split positions come with the encoding (6.)
     points = (

@@ -77,7 +77,7 @@ _DESCRIPTIONS = {
     "duplicate": "repeating an earlier identical event (same user, item, event type, timestamp)",
 }
 _FIXES = {
-    "null_id": "fill the ids upstream, or data.bad_rows.null_id=drop",
+    "null_id": "fill the ids upstream (or delete blank lines), or data.bad_rows.null_id=drop",
     "bad_timestamp": "use Unix seconds (data.timestamp_unit=s), milliseconds "
     "(data.timestamp_unit=ms) or ISO 8601, or data.bad_rows.bad_timestamp=drop",
     "unknown_behavior": "add them to data.behaviors or map them with "
@@ -412,6 +412,14 @@ def _example_text(kind: str, examples: pl.DataFrame) -> str:
         "future_timestamp": RAW_TIMESTAMP,
         "unknown_behavior": RAW_EVENT_TYPE,
     }.get(kind)
+    if kind == "null_id":  # a CSV's blank line reads as a row of nulls
+        empty = examples.select(
+            pl.all_horizontal(pl.col(USER, ITEM, RAW_TIMESTAMP, RAW_EVENT_TYPE).is_null())
+        ).to_series()
+        return ", ".join(
+            f"row {r}" + (" (every mapped column empty: a blank line?)" if e else "")
+            for r, e in zip(examples[ROW], empty)
+        )
     if value_column is None:
         return ", ".join(f"row {r}" for r in examples[ROW])
     return ", ".join(f"row {r}: {v!r}" for r, v in zip(examples[ROW], examples[value_column]))

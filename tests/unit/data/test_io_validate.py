@@ -34,7 +34,7 @@ SCHEMA = EventSchema(columns=NO_CATEGORY)
 HEADER = "user_id,item_id,timestamp,event_type\n"
 BAD_ROWS = "bad rows (row numbers are 0-based, header excluded), nothing was written:"
 BEHAVIORS = "['view', 'click', 'cart', 'purchase']"
-NULL_ID_FIX = "fix: fill the ids upstream, or data.bad_rows.null_id=drop"
+NULL_ID_FIX = "fix: fill the ids upstream (or delete blank lines), or data.bad_rows.null_id=drop"
 TIMESTAMP_FIX = (
     "fix: use Unix seconds (data.timestamp_unit=s), milliseconds (data.timestamp_unit=ms) or "
     "ISO 8601, or data.bad_rows.bad_timestamp=drop"
@@ -328,6 +328,100 @@ def test_folder_of_mixed_file_types(tmp_path):
     )
     message = prepare_fails(tmp_path, folder)
     assert "mixes file types" in message
+
+
+def test_a_folder_file_of_another_type_is_refused_by_name_not_left_out(tmp_path, small_log):
+    """A compressed part beside plain ones (``.csv.bz2``, pandas' ``.parquet.gzip``) would
+    drop its rows unseen: refused, naming it and the glob that reads the rest on purpose."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    half = small_log.height // 2
+    small_log[:half].write_csv(folder / "part-0.csv")
+    small_log[half:].write_csv(folder / "part-1.csv.bz2")  # (its content does not matter)
+    message = prepare_fails(tmp_path, folder, schema=EventSchema(), match="does not read")
+    assert "['part-1.csv.bz2']" in message and str(folder / "*.csv") in message
+    assert load_events(str(folder / "*.csv"), EventSchema()).height == half
+
+
+def test_a_linked_subfolder_is_read_like_a_linked_file(tmp_path, small_log):
+    folder, elsewhere = tmp_path / "in", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    half = small_log.height // 2
+    small_log[:half].write_parquet(folder / "part-0.parquet")
+    small_log[half:].write_parquet(elsewhere / "part-1.parquet")
+    (folder / "z-linked").symlink_to(elsewhere, target_is_directory=True)  # read after
+    (elsewhere / "back").symlink_to(folder, target_is_directory=True)  # a loop: read once
+    assert_frame_equal(load_events(folder, EventSchema()), load_events(small_log, EventSchema()))
+
+
+def test_an_output_folder_inside_the_log_folder_is_refused(tmp_path, small_log):
+    """Every file under a log folder is read: a second run would read the prepared files."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    small_log.write_parquet(folder / "events.parquet")
+    with pytest.raises(DataError, match="inside the event log's folder") as info:
+        prepare_dataset(
+            folder, schema=EventSchema(), settings=PrepareSettings(), out_dir=folder / "prep"
+        )
+    assert "Choose an output folder outside" in str(info.value)
+    assert [p.name for p in folder.iterdir()] == ["events.parquet"]
+
+
+def test_a_mapped_pandas_column_named_twice_is_refused_and_unmapped_extras_are_ignored(tmp_path):
+    frame = generate_events(num_users=20, num_items=60, num_categories=5, seed=3).to_pandas()
+    twice = pd.concat([frame, frame[[EVENT_TYPE]]], axis=1)
+    message = prepare_fails(tmp_path, twice, schema=EventSchema(), match="several columns named")
+    assert "['event_type']" in message
+    # unmapped columns, repeated or of no single type, are not the log's business
+    extras = frame.assign(notes=[{"a": 1}, "text"] * (len(frame) // 2) + [1] * (len(frame) % 2))
+    extras = pd.concat([extras, extras[["notes"]]], axis=1)  # two columns named notes
+    assert_frame_equal(load_events(extras, EventSchema()), load_events(frame, EventSchema()))
+
+
+def test_fixed_utc_offsets_in_parquet_and_arrow_backed_pandas_are_utc_instants(tmp_path):
+    """pandas writes "...+05:30" strings as timestamp[us, tz=+05:30]; polars' Parquet reader
+    panics on such a zone in any column, and its frame conversion refuses it."""
+    import pyarrow as pa
+
+    frame = generate_events(num_users=20, num_items=60, num_categories=5, seed=3).to_pandas()
+    reference = load_events(frame, EventSchema())
+    offset = frame.assign(
+        timestamp=frame[TIMESTAMP].dt.tz_convert("+05:30"),
+        created=frame[TIMESTAMP].dt.tz_convert("-03:00"),  # not mapped: must not stop the read
+    )
+    offset.to_parquet(tmp_path / "offset.parquet")
+    assert_frame_equal(load_events(tmp_path / "offset.parquet", EventSchema()), reference)
+    arrow = frame.assign(
+        timestamp=frame[TIMESTAMP].astype(pd.ArrowDtype(pa.timestamp("us", tz="+05:30")))
+    )
+    assert_frame_equal(load_events(arrow, EventSchema()), reference)
+
+
+def test_a_blank_line_is_called_one_in_the_null_id_message(tmp_path):
+    path = write(tmp_path / "in", "log.csv", HEADER + "1,2,10,view\n,,,\n1,3,11,view\n\n")
+    message = prepare_fails(tmp_path, path, match="null user or item id")
+    assert "row 1 (every mapped column empty: a blank line?)" in message
+
+
+def test_a_log_that_falls_before_1980_is_named_with_the_unit(tmp_path, small_log, caplog):
+    """Seconds read as milliseconds: valid instants in January 1970, so no bad row; the log
+    says so. A log of today says nothing."""
+    seconds = small_log.with_columns(pl.col(TIMESTAMP).dt.epoch("s"))
+    settings = PrepareSettings()
+    with caplog.at_level("WARNING"):
+        prepare_dataset(
+            seconds,
+            schema=EventSchema(timestamp_unit="ms"),
+            settings=settings,
+            out_dir=tmp_path / "a",
+        )
+    assert "every event falls before 1980" in caplog.text
+    assert "read as Unix milliseconds (data.timestamp_unit=ms)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepare_dataset(small_log, schema=EventSchema(), settings=settings, out_dir=tmp_path / "b")
+    assert "falls before" not in caplog.text
 
 
 def test_failure_keeps_an_existing_prepared_folder(tmp_path, small_log):
