@@ -830,6 +830,11 @@ def _item_table(
     columns = dict(item_columns or DEFAULT_ITEM_COLUMNS)
     lf = scan_items(items, columns)
     types = lf.collect_schema()
+    if isinstance(types[ITEM], (pl.Categorical, pl.Enum)):  # a pandas category column: its values
+        lf = lf.with_columns(pl.col(ITEM).cast(pl.String))
+        types = lf.collect_schema()
+    name = describe_source(items)
+    _check_item_table(lf, types, columns, schema, item_dtype, name)
     side = ATTRIBUTES if columns.get(ATTRIBUTES) else CATEGORY
     attributes = attribute_list(
         types[side],
@@ -837,7 +842,6 @@ def _item_table(
         separator=schema.attribute_separator if side == ATTRIBUTES else None,
         option=f"data.item_columns.{side}",
     )
-    name = describe_source(items)
     if TIMESTAMP in types:
         if not schema.has(TIMESTAMP):
             raise DataError(
@@ -865,6 +869,59 @@ def _item_table(
             f"({err}): export both with the same id type"
         ) from err
     return table.lazy()
+
+
+def _check_item_table(
+    lf: pl.LazyFrame,
+    types: pl.Schema,
+    columns: Mapping[str, str | None],
+    schema: EventSchema,
+    item_dtype: pl.DataType,
+    name: str,
+) -> None:
+    """Refuse an item table row that would otherwise be lost or merged without a word: a null
+    item id, an id that changes value as the log's id type (``19.5`` -> 19, ``'007'`` -> 7,
+    which would merge with ``'7'``), a moment that does not parse (it would count as the
+    oldest)."""
+    ids = pl.col(ITEM)
+    as_log = ids.cast(item_dtype, strict=False)
+    problems = {
+        "null_ids": ids.is_null(),
+        "changed_ids": ids.is_not_null() & as_log.cast(types[ITEM], strict=False).ne_missing(ids),
+    }
+    if TIMESTAMP in types:
+        moment = timestamp_expr(types[TIMESTAMP], schema.timestamp_unit)
+        problems["bad_moments"] = pl.col(TIMESTAMP).is_not_null() & moment.is_null()
+    found = (
+        lf.select(
+            *(flag.sum().alias(kind) for kind, flag in problems.items()),
+            *(
+                pl.col(ITEM if kind != "bad_moments" else TIMESTAMP)
+                .filter(flag)
+                .head(3)
+                .cast(pl.String)
+                .implode()
+                .alias(f"{kind}_examples")
+                for kind, flag in problems.items()
+            ),
+        )
+        .collect(engine="streaming")
+        .row(0, named=True)
+    )
+    id_column, moment_column = columns[ITEM], columns.get(TIMESTAMP)
+    fixes = {
+        "null_ids": f"row(s) without an item id (column {id_column!r}): remove them or fill "
+        "the ids",
+        "changed_ids": f"item id(s) that change as the event log's {item_dtype} ids (column "
+        f"{id_column!r}, e.g. {found['changed_ids_examples']}; '007' would become the item 7, "
+        "19.5 the item 19): export the table's ids exactly as the log writes them",
+        "bad_moments": f"moment(s) that do not parse (column {moment_column!r}, e.g. "
+        f"{found['bad_moments_examples'] if 'bad_moments' in problems else None}): use Unix "
+        "seconds / milliseconds (data.timestamp_unit) or ISO 8601, as in the log",
+    }
+    wrong = [f"{found[kind]} {fixes[kind]}" for kind in problems if found[kind]]
+    if wrong:
+        raise DataError(f"item table {name}: " + "; ".join(wrong))
 
 
 def _log_item_coverage(vocab: Vocab, item_table: pl.LazyFrame, name: str) -> int:

@@ -9,6 +9,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import recsys.data as rd
+from recsys.data.io import DataError
 from recsys.data.synthetic import generate_events
 
 OPTIONS = {"columns": {"category": "category"}, "split": {"method": "leave_one_out"}}
@@ -129,3 +130,47 @@ def test_an_item_table_that_lists_no_training_item_is_reported(tmp_path, caplog)
     assert "data.item_columns.item_id" in caplog.text
     some = pd.DataFrame({"item": [10, 99], "tags": [["a"], ["b"]]})  # 99: no event has it
     assert rd.prepare(events, tmp_path / "some", items=some, **options).stats["items_listed"] == 1
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        (
+            pd.DataFrame({"item": [10.0, None, 12.0], "tags": ["a", "b", "c"]}),
+            "1 row(s) without an item id (column 'item')",
+        ),
+        (
+            pd.DataFrame({"item": [10.0, 11.5], "tags": ["a", "b"]}),
+            "1 item id(s) that change as the event log's Int64 ids (column 'item', e.g. ['11.5']",
+        ),
+        (
+            pd.DataFrame({"item": ["10", "011"], "tags": ["a", "b"]}),
+            "e.g. ['011']; '007' would become the item 7",
+        ),
+        (
+            pd.DataFrame({"item": [10, 11], "tags": ["a", "b"], "since": ["2020-01-01", "soon"]}),
+            "1 moment(s) that do not parse (column 'since', e.g. ['soon'])",
+        ),
+    ],
+    ids=["null id", "fractional id", "leading zero", "bad moment"],
+)
+def test_an_item_table_row_that_would_be_lost_or_merged_is_refused(tmp_path, table, message):
+    """A null id, an id the log's type would change (19.5 -> 19; '011' -> 11, merging with
+    '11'), an undated moment (it would count as the oldest): refused, nothing written."""
+    events = pl.DataFrame(
+        {"user": [1, 1, 1, 2, 2, 2], "item": [10, 11, 12, 10, 11, 12], "ts": [1, 2, 3, 4, 5, 6]}
+    )
+    columns = {"item_id": "item", "attributes": "tags"}
+    if "since" in table:
+        columns["timestamp"] = "since"
+    with pytest.raises(DataError, match="item table") as info:
+        rd.prepare(
+            events.with_columns(pl.from_epoch("ts").dt.replace_time_zone("UTC")),
+            tmp_path / "p",
+            items=table,
+            columns={"user_id": "user", "item_id": "item", "timestamp": "ts", "event_type": None},
+            item_columns=columns,
+            split={"method": "leave_one_out"},
+        )
+    assert message in str(info.value)
+    assert not (tmp_path / "p").exists()
