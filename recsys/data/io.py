@@ -6,11 +6,12 @@ Everything comes out as a ``pl.LazyFrame`` whose columns carry recsys' canonical
 
 from __future__ import annotations
 
+import bisect
 import glob
 import gzip
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -184,6 +185,29 @@ def _source_files(path: Path) -> list[Path]:
     if expanded is not None:
         return _listed(*expanded)[0]
     return [path] if path.is_file() else []
+
+
+def row_locator(source: EventSource, schema: EventSchema) -> Callable[[int], str] | None:
+    """For a folder or glob of several files: a function from a row number of the whole log
+    (0-based, headers excluded, files in path order) to ``row N of <file>``, for messages that
+    quote rows; ``None`` for a single file or a frame. Counts each file's rows (Parquet: its
+    footer; CSV: a parse), so call it on the error path only."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    files = _source_files(Path(source))
+    if len(files) < 2:
+        return None
+    root = _expanded(Path(source))[1]
+    wanted = _wanted(schema.columns)
+    starts = [0]
+    for file in files:
+        starts.append(starts[-1] + _scan_file(file, wanted).select(pl.len()).collect().item())
+
+    def locate(row: int) -> str:
+        index = bisect.bisect_right(starts, row) - 1
+        return f"row {row - starts[index]} of {files[index].relative_to(root)}"
+
+    return locate
 
 
 def _glob_root(pattern: str) -> Path:

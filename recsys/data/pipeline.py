@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,7 @@ from recsys.data.io import (
     EventSource,
     describe_source,
     read_side_by_side,
+    row_locator,
     scan_events,
     scan_items,
 )
@@ -203,7 +205,15 @@ def load_events(
         lf.pipe(normalize, schema=schema).pipe(classify, as_of=as_of), name
     ).lazy()
     counts = problem_summary(classified)
-    enforce(counts, policy, source_name=name, examples=classified, schema=schema, as_of=as_of)
+    enforce(
+        counts,
+        policy,
+        source_name=name,
+        examples=classified,
+        schema=schema,
+        as_of=as_of,
+        locator=partial(row_locator, source, schema),
+    )
     log_summary(counts, source_name=name)
     clean = classified.filter(pl.col(PROBLEM).is_null()).collect(engine=LOCAL)
     if clean.height == 0:
@@ -529,8 +539,15 @@ def _prepare(
         raise DataError(f"{name} could not be read: {err}") from err
     typed_all = parts.scan("typed")
     bad = problem_summary(typed_all)
+    locator = partial(row_locator, source, schema)  # a folder's rows by file, for messages
     enforce(
-        bad, settings.bad_rows, source_name=name, examples=typed_all, schema=schema, as_of=as_of
+        bad,
+        settings.bad_rows,
+        source_name=name,
+        examples=typed_all,
+        schema=schema,
+        as_of=as_of,
+        locator=locator,
     )
     has_problems = bool(bad)  # bad rows in some partition (the good rows need a filter)
     clock.lap("read")
@@ -610,6 +627,7 @@ def _prepare(
             source_name=name,
             examples=pl.concat(repeated).lazy(),
             schema=schema,
+            locator=locator,
         )
     clock.lap("clean")
     bad["duplicate"] = counters["duplicate"]

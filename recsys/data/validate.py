@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 
@@ -405,7 +405,7 @@ def problem_summary(classified: pl.LazyFrame) -> dict[str, int]:
     return {kind: int(n) for kind, n in counts.iter_rows()}
 
 
-def _example_text(kind: str, examples: pl.DataFrame) -> str:
+def _example_text(kind: str, examples: pl.DataFrame, where: Callable[[int], str]) -> str:
     value_column = {
         "bad_timestamp": RAW_TIMESTAMP,
         "negative_timestamp": RAW_TIMESTAMP,
@@ -417,12 +417,12 @@ def _example_text(kind: str, examples: pl.DataFrame) -> str:
             pl.all_horizontal(pl.col(USER, ITEM, RAW_TIMESTAMP, RAW_EVENT_TYPE).is_null())
         ).to_series()
         return ", ".join(
-            f"row {r}" + (" (every mapped column empty: a blank line?)" if e else "")
+            where(r) + (" (every mapped column empty: a blank line?)" if e else "")
             for r, e in zip(examples[ROW], empty)
         )
     if value_column is None:
-        return ", ".join(f"row {r}" for r in examples[ROW])
-    return ", ".join(f"row {r}: {v!r}" for r, v in zip(examples[ROW], examples[value_column]))
+        return ", ".join(where(r) for r in examples[ROW])
+    return ", ".join(f"{where(r)}: {v!r}" for r, v in zip(examples[ROW], examples[value_column]))
 
 
 def enforce(
@@ -433,11 +433,13 @@ def enforce(
     examples: pl.LazyFrame,
     schema: EventSchema,
     as_of: datetime | None = None,
+    locator: Callable[[], Callable[[int], str] | None] | None = None,
 ) -> None:
     """Raise one :class:`DataError` for every kind whose policy is ``error`` and that occurs.
 
     ``examples`` is the classified log; up to three rows per failing kind are quoted (input row
-    numbers are 0-based, header excluded).
+    numbers are 0-based, header excluded). ``locator``, called only when raising, gives the
+    function that names a row's file and its row there (a log of several files), if any.
     """
     wording = {
         **{c: schema.columns.get(c) for c in (USER, ITEM, TIMESTAMP, EVENT_TYPE)},
@@ -447,6 +449,7 @@ def enforce(
     failing = [kind for kind in PROBLEM_KINDS if counts.get(kind) and kind in policy.kinds("error")]
     if not failing:
         return
+    where = (locator() if locator else None) or (lambda row: f"row {row}")
     lines = []
     for kind in failing:
         rows = (
@@ -456,7 +459,7 @@ def enforce(
             .pipe(raw_as_text)
             .collect(engine="streaming")
         )
-        detail = _example_text(kind, rows)
+        detail = _example_text(kind, rows, where)
         if kind == "unknown_behavior":
             names = (
                 examples.filter(pl.col(PROBLEM) == kind)

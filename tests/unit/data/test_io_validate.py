@@ -424,6 +424,14 @@ def test_a_log_that_falls_before_1980_is_named_with_the_unit(tmp_path, small_log
     assert "falls before" not in caplog.text
 
 
+def test_a_bad_row_of_a_folder_is_named_by_its_file_and_its_row_there(tmp_path):
+    folder = tmp_path / "in"
+    write(folder, "a.csv", HEADER + "1,2,10,view\n1,3,11,view\n")
+    write(folder, "b.csv", HEADER + "2,2,10,view\n2,3,2023-02-30,view\n")
+    message = prepare_fails(tmp_path, folder, match="could not be parsed")
+    assert "(row 1 of b.csv: '2023-02-30')" in message
+
+
 def test_failure_keeps_an_existing_prepared_folder(tmp_path, small_log):
     out = tmp_path / "prep"
     prepare_dataset(small_log, schema=EventSchema(), settings=PrepareSettings(), out_dir=out)
