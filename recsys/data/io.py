@@ -87,6 +87,16 @@ def _check_mixed_types(
             if columns.get(column) and (dtype.is_float() or isinstance(dtype, pl.Decimal)):
                 fractional.setdefault(column, file.name)
     for column, types in seen.items():
+        temporal = next((f for t, f in types.items() if t.startswith(("Datetime", "Date"))), None)
+        number = next(
+            (f"{t} in {f}" for t, f in types.items() if t[:3] in ("Int", "UIn", "Flo")), None
+        )
+        if column in columns and temporal and number:
+            raise DataError(
+                f"{folder}: column {column!r} holds datetimes in {temporal} but numbers "
+                f"({number}), which no one type reads as the same instants: export it with one "
+                "type in every file (datetimes, or Unix seconds / milliseconds)"
+            )
         text = next((f for t, f in types.items() if t in ("String", "Categorical")), None)
         if column in fractional and text:
             raise DataError(

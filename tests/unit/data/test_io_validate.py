@@ -432,6 +432,15 @@ def test_a_bad_row_of_a_folder_is_named_by_its_file_and_its_row_there(tmp_path):
     assert "(row 1 of b.csv: '2023-02-30')" in message
 
 
+def test_datetimes_in_one_file_and_numbers_in_another_are_refused(tmp_path, small_log):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    small_log[:10].write_parquet(folder / "a.parquet")
+    small_log[10:].with_columns(pl.col(TIMESTAMP).dt.epoch("s")).write_parquet(folder / "b.parquet")
+    message = prepare_fails(tmp_path, folder, schema=EventSchema(), match="holds datetimes in")
+    assert "a.parquet but numbers (Int64 in b.parquet)" in message
+
+
 def test_failure_keeps_an_existing_prepared_folder(tmp_path, small_log):
     out = tmp_path / "prep"
     prepare_dataset(small_log, schema=EventSchema(), settings=PrepareSettings(), out_dir=out)
