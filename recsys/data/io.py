@@ -7,6 +7,7 @@ Everything comes out as a ``pl.LazyFrame`` whose columns carry recsys' canonical
 from __future__ import annotations
 
 import bisect
+import csv
 import glob
 import gzip
 import logging
@@ -321,6 +322,34 @@ def _not_utf8(path: Path) -> str:
     return ""
 
 
+def _first_bad_line(path: Path) -> str:
+    """The first line of a CSV (plain or gzip) whose fields do not match its header's count,
+    or whose quote never closes, and the fix ("" if none is found)."""
+    opener = gzip.open if _suffix(path) == ".csv.gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
+            first = f.readline()
+            separator = next((s for s in CSV_SEPARATORS if "," not in first and s in first), ",")
+            width = len(next(csv.reader([first], delimiter=separator)))
+            reader = csv.reader(f, delimiter=separator, strict=True)
+            line = 2
+            for row in reader:
+                if row and len(row) != width:
+                    return (
+                        f"line {line} has {len(row)} fields where the header has {width}: fix "
+                        "or remove that line, quoting any field that holds the separator"
+                    )
+                line = reader.line_num + 2
+    except csv.Error as err:
+        return (
+            f"a quote opened on line {line} is never closed ({err}): close it, or double a "
+            'quote meant inside a field ("")'
+        )
+    except (OSError, UnicodeDecodeError, StopIteration):
+        pass
+    return ""
+
+
 def _wanted_of(frame: pl.LazyFrame, file: Path, folder: Path, columns: Mapping[str, bool]):
     """A folder's file reduced to the wanted ``columns`` in one order: files may order their
     columns differently or carry others besides. Dates and datetimes become UTC datetimes
@@ -385,7 +414,8 @@ def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.
                 "as UTF-8, or re-encode it from the encoding it was exported in (e.g. iconv -f "
                 "WINDOWS-1252 -t UTF-8)"
             ) from err
-        raise DataError(f"{path} could not be read as CSV: {err}") from err
+        # polars names no line, and suggests its own options: the line and its fix instead
+        raise DataError(f"{path} could not be read as CSV: {_first_bad_line(path) or err}") from err
     typed = [
         as_int[c] if found[f"int:{c}"] else as_float[c]
         for c in present

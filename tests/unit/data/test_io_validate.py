@@ -441,6 +441,20 @@ def test_datetimes_in_one_file_and_numbers_in_another_are_refused(tmp_path, smal
     assert "a.parquet but numbers (Int64 in b.parquet)" in message
 
 
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ("1,2,10,view\n1,3,11,view,extra\n", "line 3 has 5 fields where the header has 4"),
+        ('1,2,10,view\n1,"3,11,view\n1,4,12,view\n', "a quote opened on line 3 is never closed"),
+    ],
+    ids=["extra field", "open quote"],
+)
+def test_a_malformed_csv_line_is_named(tmp_path, body, where):
+    path = write(tmp_path / "in", "log.csv", HEADER + body)
+    message = prepare_fails(tmp_path, path, match="could not be read as CSV")
+    assert where in message
+
+
 def test_failure_keeps_an_existing_prepared_folder(tmp_path, small_log):
     out = tmp_path / "prep"
     prepare_dataset(small_log, schema=EventSchema(), settings=PrepareSettings(), out_dir=out)
