@@ -243,7 +243,10 @@ def _scan_file(
         return _scan_files(path, *expanded, columns)
     if not path.exists():
         what = _WHAT.get(option, "event log")
-        raise DataError(f"{what} {path} does not exist: check {option}")
+        where = (
+            "data.source (a loader's data.source.path)" if option == "data.source.path" else option
+        )
+        raise DataError(f"{what} {path} does not exist: check {where}")
     suffix = _suffix(path)
     if suffix not in SUPPORTED_SUFFIXES:
         raise DataError(

@@ -154,7 +154,9 @@ class PrepareSettings:
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ValueError(f"data.{name}={value!r} must be an integer >= {minimum}")
         if self.max_user_events is not None and (
-            not isinstance(self.max_user_events, int) or self.max_user_events < self.min_user_events
+            isinstance(self.max_user_events, bool)
+            or not isinstance(self.max_user_events, int)
+            or self.max_user_events < self.min_user_events
         ):
             raise ValueError(
                 f"data.max_user_events={self.max_user_events!r} must be an integer >= "

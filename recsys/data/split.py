@@ -63,7 +63,11 @@ class SplitSettings:
             check_number(f"data.split.{name}", value)
             if not 0.0 < value < 0.5:
                 raise ValueError(f"data.split.{name}={value} must lie in (0, 0.5)")
-        if not isinstance(self.holdout_events, int) or self.holdout_events < 1:
+        if (
+            isinstance(self.holdout_events, bool)
+            or not isinstance(self.holdout_events, int)
+            or self.holdout_events < 1
+        ):
             raise ValueError(
                 f"data.split.holdout_events={self.holdout_events!r} must be an integer >= 1"
             )

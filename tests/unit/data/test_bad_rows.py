@@ -221,6 +221,9 @@ def test_absurd_settings_are_refused_before_reading(tmp_path):
     for options, message in (
         ({"min_user_events": 0}, "data.min_user_events=0 must be an integer >= 1"),
         ({"max_user_events": 1}, "data.max_user_events=1 must be an integer >= data.min_user"),
+        # a bool is not a count (True ran as 1)
+        ({"min_user_events": 1, "max_user_events": True}, "data.max_user_events=True must be"),
+        ({"split": {"method": "leave_last_n", "holdout_events": True}}, "holdout_events=True"),
         ({"bad_rows": {"null_id": "ignore"}}, r"data.bad_rows.null_id='ignore'"),
         ({"bad_rows": {"nulls": "drop"}}, r"data.bad_rows has unknown kind"),
         ({"window": {"start": "2024-02-01", "end": "2024-01-01"}}, "is not before"),

@@ -155,8 +155,7 @@ def test_nonexistent_path(tmp_path):
     path = tmp_path / "in" / "missing.csv"
     message = prepare_fails(tmp_path, path)
     assert str(path) in message
-    assert "does not exist" in message
-    assert "data.source.path" in message
+    assert "does not exist: check data.source (a loader's data.source.path)" in message
 
 
 def test_unparseable_timestamps_are_counted_and_quoted(tmp_path):
