@@ -438,6 +438,12 @@ def prepare_dataset(
             "which is read: the next preparation would read the prepared files as events. "
             f"Choose an output folder outside {source}"
         )
+    if not schema.has(TIMESTAMP) and settings.session_gap_seconds is not None:
+        raise ValueError(
+            f"data.session_gap_seconds={settings.session_gap_seconds} cuts sessions at gaps in "
+            "time, but the log is order-only (data.columns.timestamp=null): set it to null, or "
+            "map a session column (data.columns.session_id)"
+        )
     if not schema.has(TIMESTAMP) and settings.split.method == "temporal":
         raise DataError(
             f"{name}: the log has no timestamp column (data.columns.timestamp=null), so a "

@@ -454,6 +454,15 @@ def test_a_malformed_csv_line_is_named(tmp_path, body, where):
     assert where in message
 
 
+def test_a_session_gap_on_an_order_only_log_is_refused(tmp_path, small_log):
+    """Its times are row numbers a microsecond apart: every user would be one session."""
+    schema = EventSchema(columns={USER: USER, ITEM: ITEM, TIMESTAMP: None, EVENT_TYPE: None})
+    settings = PrepareSettings(session_gap_seconds=1800)
+    with pytest.raises(ValueError, match="the log is order-only"):
+        prepare_dataset(small_log, schema=schema, settings=settings, out_dir=tmp_path / "p")
+    assert not (tmp_path / "p").exists()
+
+
 def test_failure_keeps_an_existing_prepared_folder(tmp_path, small_log):
     out = tmp_path / "prep"
     prepare_dataset(small_log, schema=EventSchema(), settings=PrepareSettings(), out_dir=out)
