@@ -12,6 +12,8 @@ from recsys.tasks import prepare
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def entry(cfg: DictConfig):
+    if cfg.task_name == "main":  # the main job's config, run as this pipeline (its log line
+        cfg.task_name = "prepare"  # "prepare job failed"), unless task_name=... names it
     with recsys.config.failure_logged(cfg):
         return prepare.run(cfg)
 

@@ -10,8 +10,10 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.data import options
@@ -68,6 +70,30 @@ def failure_logged(cfg: DictConfig) -> Iterator[None]:
             "%s job failed: %s: %s", cfg.get("task_name", "the"), type(err).__name__, err
         )
         raise
+
+
+class GuardRunFolder(Callback):
+    """Hydra callback: refuse a training whose ``hydra.run.dir`` holds a finished training
+    (its checkpoints) unless ``resume`` continues it, before Hydra writes its ``.hydra/``
+    files and opens the folder's ``run.log``: refused later (:func:`recsys.tasks.train.
+    check_run_folder`), the job would already have replaced the earlier run's config record
+    and ended its log with this job's failure. Only for the jobs that train."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.job.name not in ("run", "train") or config.get("resume") is not None:
+            return
+        run_dir = Path(config.hydra.run.dir)
+        held = sorted(run_dir.glob("checkpoints/**/*.ckpt"))
+        if held:
+            names = ", ".join(str(p.relative_to(run_dir)) for p in held[:5])
+            # SystemExit (exit status 1, the message on stderr): Hydra turns a callback's
+            # Exception into a warning and goes on
+            raise SystemExit(
+                f"FileExistsError: hydra.run.dir={run_dir} already holds a training ({names}"
+                f"{', ...' if len(held) > 5 else ''}): continue it with resume=last, or run "
+                "into another folder (a new hydra.run.dir=..., or none: each job then gets its "
+                "own); nothing was written there"
+            )
 
 
 def check_required(cfg: DictConfig, *, model_given: bool = False) -> None:

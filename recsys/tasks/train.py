@@ -642,7 +642,8 @@ def check_run_folder(cfg: DictConfig) -> None:
         raise FileExistsError(
             f"paths.run_dir={run_dir} already holds a training ({', '.join(names[:5])}"
             f"{', ...' if len(names) > 5 else ''}): continue it with resume=last, or train into "
-            "another folder (a new paths.run_dir=..., or none: each job then gets its own)"
+            "another folder (a new hydra.run.dir=... or paths.run_dir=..., or none: each job "
+            "then gets its own)"
         )
 
 

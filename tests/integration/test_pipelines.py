@@ -862,7 +862,8 @@ def test_training_into_a_run_folder_that_holds_a_training_is_refused_before_any_
     message = (
         rf"paths.run_dir={run_dir} already holds a training \(checkpoints/best.ckpt, "
         r"checkpoints/last.ckpt, checkpoints/scoring/model.ckpt\): continue it with "
-        r"resume=last, or train into another folder \(a new paths.run_dir=\.\.\., or none"
+        r"resume=last, or train into another folder \(a new hydra.run.dir=\.\.\. or "
+        r"paths.run_dir=\.\.\., or none"
     )
     with pytest.raises(FileExistsError, match=message):
         train.run(make_config("config", [*base, "model.d_model=32"]))
@@ -1215,7 +1216,31 @@ def test_a_failed_pipeline_exits_non_zero_and_says_why_in_its_run_log(tmp_path):
     assert done.returncode != 0
     (log_file,) = run_dir.glob("*.log")  # Hydra's job log, named after the job: prepare.log
     last = log_file.read_text().strip().splitlines()[-1]
-    assert "[ERROR] - main job failed: " in last and "missing.parquet" in last, last
+    assert "[ERROR] - prepare job failed: " in last and "missing.parquet" in last, last
+
+
+@pytest.mark.parametrize("pipeline", ["pipelines.run", "pipelines.train"])
+def test_a_training_refused_for_its_run_folder_leaves_that_folder_untouched(tmp_path, pipeline):
+    """A nightly job started again with the same hydra.run.dir: refused before Hydra writes its
+    .hydra/ record and run.log there (they would claim the good night failed, with this job's
+    settings)."""
+    run_dir = tmp_path / "night1"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / ".hydra").mkdir()
+    kept = {
+        run_dir / "checkpoints" / "best.ckpt": "weights",
+        run_dir / ".hydra" / "overrides.yaml": "- trainer.max_epochs=1\n",
+        run_dir / f"{pipeline.split('.')[1]}.log": "... main job done\n",
+    }
+    for path, text in kept.items():
+        path.write_text(text)
+    command = [sys.executable, "-m", pipeline, *TINY, "logger=none", f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert f"hydra.run.dir={run_dir} already holds a training (checkpoints/best.ckpt)" in (
+        done.stderr
+    )
+    assert {p: p.read_text() for p in run_dir.rglob("*") if p.is_file()} == kept
 
 
 @pytest.mark.parametrize(
