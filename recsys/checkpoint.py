@@ -79,8 +79,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    if CHECKPOINT_KEY not in checkpoint:
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # the unpickler fails on other files in many ways
+        # torch's own message advises weights_only=False, which would run the file's code
+        raise ValueError(
+            f"{path} is not a recsys checkpoint ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]}): point model= at a .ckpt file the train task "
+            "wrote (a run's checkpoints/best.ckpt or checkpoints/scoring/model.ckpt), whole"
+        ) from err
+    if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint:
         raise ValueError(
             f"{path} is not a recsys checkpoint (no {CHECKPOINT_KEY!r} entry): "
             "use a checkpoint written by the train task"

@@ -415,3 +415,15 @@ def test_indices_outside_the_tables_are_named(tmp_path):
         bad = {**inputs, name: inputs[name].clone().fill_(value)}
         with pytest.raises(Exception, match=rf"{name} holds indices outside \[0, "):
             exported.score(**bad)
+
+
+@pytest.mark.parametrize(
+    "content", [b"user_id,item_id\n1,2\n", b"PK\x03\x04truncated"], ids=["csv", "truncated zip"]
+)
+def test_a_file_that_is_no_checkpoint_is_named_without_torchs_unsafe_advice(tmp_path, content):
+    path = tmp_path / "model.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="is not a recsys checkpoint") as info:
+        load_checkpoint(path)
+    assert "point model= at a .ckpt file the train task wrote" in str(info.value)
+    assert "weights_only" not in str(info.value)
