@@ -29,7 +29,7 @@ from recsys.model.transition import Transition, TransitionCounts, TransitionPrio
 from recsys.retrieval.output import write_atomically
 from recsys.schema import ITEM
 from recsys.tasks import prepare
-from recsys.tasks.train import data_arguments, store_transitions
+from recsys.tasks.train import data_arguments, naming_keys, store_transitions
 from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import TargetRecords, evaluate, pick_device
 from recsys.training.module import SeqRecModule
@@ -264,6 +264,12 @@ def run(
     target_file = per_target_path(cfg)
     ref = checkpoint or cfg.model_ref
     model, model_tags = load_model(ref, cfg.logger)
+    # before the data is prepared: the training group's evaluation settings (seen_items,
+    # metric_ks, sampled metrics) against this model's catalogue, and the user list's file
+    with naming_keys("training", cfg.training):
+        _evaluation_module(cfg, model.encoder, model.vocab, {}, transition_prior=None)
+    if cfg.get("users"):
+        read_user_list(cfg.users)
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,

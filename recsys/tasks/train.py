@@ -167,7 +167,7 @@ def check_model_settings(cfg: DictConfig) -> None:
     ``training.optimizer.lr=-1``) is refused before the data is prepared, not after."""
     behaviors = list(event_schema(cfg.data).behaviors)
     num_items = NUM_RESERVED + TRIAL_ITEMS
-    with _naming_keys("model", cfg.model):
+    with naming_keys("model", cfg.model):
         encoder = _encoder(
             cfg,
             num_items=num_items,
@@ -176,7 +176,7 @@ def check_model_settings(cfg: DictConfig) -> None:
             num_behaviors=NUM_RESERVED + len(behaviors),
             num_time_buckets=time_buckets(to_container(cfg.data)).num_embeddings,
         )
-    with _naming_keys("training", cfg.training):
+    with naming_keys("training", cfg.training):
         module = instantiate(cfg.training, _partial_=True)(
             encoder=encoder,
             behaviors=behaviors,
@@ -383,7 +383,7 @@ def check_time_reference(cfg: DictConfig, encoder: torch.nn.Module, objective: s
 
 
 @contextmanager
-def _naming_keys(group: str, settings: DictConfig) -> Iterator[None]:
+def naming_keys(group: str, settings: DictConfig) -> Iterator[None]:
     """A constructor's ``ValueError('num_heads=0 is invalid ...')`` as the config key the user
     sets (``model.num_heads=0 ...``), without Hydra's instantiation wrapper around it."""
     try:

@@ -1396,3 +1396,27 @@ def test_a_main_job_with_a_transition_prior_and_a_re_rank_stage_is_refused_befor
     with pytest.raises(ValueError, match="set retrieval.rerank_top_n=0"):
         main.run(cfg)
     assert not (Path(cfg.paths.run_dir) / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("training.seen_items=bogus", r"^training.seen_items='bogus'"),
+        ("training.metric_ks=[0]", r"^training.metric_ks"),
+        ("users=/nonexistent/users.csv", r"^user list /nonexistent/users.csv does not exist"),
+    ],
+)
+def test_evaluation_settings_are_refused_before_the_data_is_prepared(
+    main_run, make_config, monkeypatch, override, message
+):
+    _, result = main_run
+
+    def no_preparation(*args, **kwargs):
+        raise AssertionError("the data was prepared")
+
+    monkeypatch.setattr(evaluate.prepare, "prepared", no_preparation)
+    cfg = make_config(
+        "evaluate", [f"model_ref={result.checkpoint}", *TINY_DATA, "logger=none", override]
+    )
+    with pytest.raises(ValueError, match=message):
+        evaluate.run(cfg)
