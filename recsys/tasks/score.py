@@ -148,7 +148,23 @@ def check_vocabulary(model: LoadedModel, events: pl.DataFrame, source_name: str)
                 f"the model's vocabulary (log: {attributes.head(3).to_list()}, model: "
                 f"{vocab.attributes['attribute'].head(3).to_list()}): check data.columns"
             )
-    log.info("%d of %d item ids of the log are in the model's vocabulary", known.sum(), ids.len())
+    share = int(known.sum()) / ids.len()
+    level = logging.WARNING if share < MIN_KNOWN_ITEM_SHARE else logging.INFO
+    log.log(
+        level,
+        "%d of %d item ids of the log are in the model's vocabulary%s",
+        known.sum(),
+        ids.len(),
+        ""
+        if level == logging.INFO
+        else f" ({share:.1%}): most histories will be unknown items, and their users get the "
+        "fallback; is this the model of this shop's log (model=, data.columns.item_id)?",
+    )
+
+
+# below this share of a log's item ids known to the model, scoring warns (another shop's
+# model, or ids mapped from the wrong column)
+MIN_KNOWN_ITEM_SHARE = 0.5
 
 
 # The MLflow pyfunc model's predict(params=...): flat scalars (MLflow's param schema has no

@@ -808,3 +808,24 @@ def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
     # ... and so does its shape (the recent items it reads, their decay)
     shaped = model_digest(replace(model, transition_prior=TransitionPrior(counts, 1.0, 3, 0.75)))
     assert shaped not in {digest, *weighted.values()}
+
+
+def test_a_log_whose_items_the_model_mostly_lacks_is_warned_about(caplog):
+    """One known id is enough not to refuse, but another shop's model scores nearly every user
+    by the fallback: said at WARNING, with the share, not as a routine INFO line."""
+    from types import SimpleNamespace
+
+    from recsys.tasks.score import check_vocabulary
+
+    vocab = SimpleNamespace(
+        items=pl.DataFrame({"item_id": [1, 2, 3]}), attributes=pl.DataFrame({"attribute": []})
+    )
+    model = SimpleNamespace(vocab=vocab)
+    with caplog.at_level("INFO", logger="recsys.tasks.score"):
+        check_vocabulary(model, pl.DataFrame({"item_id": [1, 2, 3, 4]}), "log.csv")
+        assert [r.levelname for r in caplog.records] == ["INFO"]
+        caplog.clear()
+        check_vocabulary(model, pl.DataFrame({"item_id": [1, 10, 11, 12]}), "log.csv")
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "1 of 4 item ids" in record.message
+    assert "(25.0%)" in record.message and "fallback" in record.message
