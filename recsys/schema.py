@@ -56,20 +56,21 @@ class EventSchema:
         unknown = set(self.columns) - set(CANONICAL_COLUMNS)
         if unknown:
             raise ValueError(
-                f"EventSchema.columns has unknown keys {sorted(unknown)}; "
+                f"data.columns has unknown keys {sorted(unknown)}; "
                 f"allowed keys are {list(CANONICAL_COLUMNS)}"
             )
         missing = [c for c in REQUIRED_COLUMNS if c not in self.columns]
         if missing:
             raise ValueError(
-                f"EventSchema.columns must map {missing}: set data.columns.<name>=<your column>"
+                f"data.columns must map {missing}: set data.columns.<name>=<your column>"
             )
         if not self.behaviors:
             raise ValueError(
-                "EventSchema.behaviors is empty: list your event types in funnel order"
+                "data.behaviors is empty: list your event types in funnel order, e.g. "
+                "'data.behaviors=[view,cart,purchase]'"
             )
         if len(set(self.behaviors)) != len(self.behaviors):
-            raise ValueError(f"EventSchema.behaviors has duplicates: {list(self.behaviors)}")
+            raise ValueError(f"data.behaviors has duplicates: {list(self.behaviors)}")
         # raw names are compared as text: numeric event codes ({1: view}) are names "1", ...
         object.__setattr__(
             self, "behavior_aliases", {str(k): v for k, v in self.behavior_aliases.items()}
@@ -77,12 +78,13 @@ class EventSchema:
         bad_alias = {k: v for k, v in self.behavior_aliases.items() if v not in self.behaviors}
         if bad_alias:
             raise ValueError(
-                "EventSchema.behavior_aliases map to names not in behaviors "
-                f"{list(self.behaviors)}: {bad_alias}"
+                f"data.behavior_aliases map to names not in data.behaviors "
+                f"{list(self.behaviors)}: {bad_alias}: alias each raw name to one of those"
             )
         if self.timestamp_unit not in ("s", "ms"):
             raise ValueError(
-                f"timestamp_unit={self.timestamp_unit!r} is not supported: use 's' or 'ms'"
+                f"data.timestamp_unit={self.timestamp_unit!r} is not supported: use 's' (Unix "
+                "seconds) or 'ms' (milliseconds)"
             )
 
     def has(self, canonical: str) -> bool:

@@ -305,7 +305,7 @@ def test_unsupported_source_type():
 
 
 def test_schema_rejects_unmapped_required_column():
-    message = r"EventSchema.columns must map \['item_id'\]: set data\.columns\.<name>="
+    message = r"data.columns must map \['item_id'\]: set data\.columns\.<name>="
     with pytest.raises(ValueError, match=message):
         EventSchema(columns={USER: "u", TIMESTAMP: "t", EVENT_TYPE: "e"})
     with pytest.raises(ValueError, match=r"must map \['user_id', 'item_id'\]"):
