@@ -165,6 +165,19 @@ def check_model_settings(cfg: DictConfig) -> None:
     """Build the encoder and the training module once with placeholder data sizes, so that a
     model or training setting out of range (``model.num_heads=0``, ``model.dropout=1.5``,
     ``training.optimizer.lr=-1``) is refused before the data is prepared, not after."""
+    try:
+        _trial_build(cfg)
+    except ValueError as err:  # a bound on the catalogue is the real one's, not the trial's
+        message = str(err).replace(f"{TRIAL_ITEMS - 1}]", "the catalogue's size - 1]")
+        message = message.replace(
+            f" for this catalogue of {TRIAL_ITEMS} items", " (its size is known once prepared)"
+        )
+        if message == str(err):
+            raise
+        raise ValueError(message) from err
+
+
+def _trial_build(cfg: DictConfig) -> None:
     behaviors = list(event_schema(cfg.data).behaviors)
     num_items = NUM_RESERVED + TRIAL_ITEMS
     with naming_keys("model", cfg.model):

@@ -74,6 +74,16 @@ from recsys.tasks import main, prepare, train
         ("training.distillation=teacher.ckpt", r"^training.distillation='teacher.ckpt' must be"),
         ("training.distillation=true", r"^training.distillation=True must be null or a mapping"),
         ("training.optimizer=null", r"^training.optimizer=null must be a partial"),
+        # a bound on the catalogue: not the trial build's placeholder size
+        (
+            "training.loss=sampled_softmax training.num_negatives=-3",
+            r"^training.num_negatives=-3 must be an integer in \[1, the catalogue's size - 1\] "
+            r"\(its size is known once prepared\)$",
+        ),
+        (
+            "training.sampled_metrics={num_negatives:0}",
+            r"num_negatives=0 must be an integer in \[1, the catalogue's size - 1\]$",
+        ),
         ("training.scheduler=5", r"^training.scheduler=5 must be a partial .* or null for none"),
         (
             "training.scheduler={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:0}",
