@@ -296,6 +296,11 @@ def _scan_parquet(path: Path) -> pl.LazyFrame:
     return pl.scan_pyarrow_dataset(ds.dataset(path, format="parquet", schema=as_utc))
 
 
+def _separator(header: str) -> str | None:
+    """The one of :data:`CSV_SEPARATORS` a header without commas uses (None: commas)."""
+    return next((s for s in CSV_SEPARATORS if "," not in header and s in header), None)
+
+
 def _scan_csv(path: Path) -> pl.LazyFrame:
     """A CSV file (plain or gzip) read as text, with the separator its header uses: a comma,
     or one of :data:`CSV_SEPARATORS` in a header without commas."""
@@ -304,7 +309,7 @@ def _scan_csv(path: Path) -> pl.LazyFrame:
         header = lf.collect_schema().names()
     except pl.exceptions.PolarsError:
         return lf  # no header, or unreadable: said where the columns are read
-    separator = next((s for s in CSV_SEPARATORS if len(header) == 1 and s in header[0]), None)
+    separator = _separator(header[0]) if len(header) == 1 else None
     if separator is None:
         return lf
     log.info("%s: the header has no comma; reading the file as %r-separated", path, separator)
@@ -332,7 +337,7 @@ def _first_bad_line(path: Path) -> str:
     try:
         with opener(path, "rt", encoding="utf-8-sig", newline="") as f:
             first = f.readline()
-            separator = next((s for s in CSV_SEPARATORS if "," not in first and s in first), ",")
+            separator = _separator(first) or ","
             width = len(next(csv.reader([first], delimiter=separator)))
             reader = csv.reader(f, delimiter=separator, strict=True)
             line = 2

@@ -206,14 +206,16 @@ def _model_prior(
     return select_transition_prior(cfg, model.encoder, model.vocab, datamodule, prior, device)
 
 
-def segment_users(cfg: DictConfig, datamodule: SeqRecDataModule) -> np.ndarray | None:
-    """The users of ``cfg.users`` (a file listing user ids; None: no segment) as a (U,) bool
-    mask over the prepared user table. Their metrics are reported beside the whole split's,
-    as ``<split>/segment_<metric>``, with standard errors: a small segment's mean is noisy."""
-    path = cfg.get("users")
-    if path is None:
+def segment_users(
+    cfg: DictConfig, listed: pl.Series | None, datamodule: SeqRecDataModule
+) -> np.ndarray | None:
+    """The users ``listed`` in ``cfg.users`` (None: no segment) as a (U,) bool mask over the
+    prepared user table. Their metrics are reported beside the whole split's, as
+    ``<split>/segment_<metric>``, with standard errors: a small segment's mean is noisy."""
+    if listed is None:
         return None
-    users = datamodule.user_rows(read_user_list(path), source=f"users={path}")
+    path = cfg.users
+    users = datamodule.user_rows(listed, source=f"users={path}")
     stats = datamodule.stats
     unknown = sum(int(stats.get(f"{s}_targets_unknown_item", 0)) for s in ("val", "test"))
     if unknown and cfg.training.unknown_targets == "miss":
@@ -268,8 +270,7 @@ def run(
     # metric_ks, sampled metrics) against this model's catalogue, and the user list's file
     with naming_keys("training", cfg.training):
         _evaluation_module(cfg, model.encoder, model.vocab, {}, transition_prior=None)
-    if cfg.get("users"):
-        read_user_list(cfg.users)
+    listed = read_user_list(cfg.users) if cfg.get("users") else None
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,
@@ -321,7 +322,7 @@ def run(
             transition_prior=None,
         ),
     }
-    users = segment_users(cfg, datamodule)
+    users = segment_users(cfg, listed, datamodule)
     loaders = {split: {"": datamodule.target_loader(split)} for split in splits}
     metrics: dict[str, float] = dict(prior_metrics)
     records = {split: TargetRecords() for split in splits} if target_file else {}

@@ -126,6 +126,11 @@ def check_columns(model: LoadedModel, schema: EventSchema) -> None:
         raise DataError("the event log does not match the model's schema: " + "; ".join(problems))
 
 
+# below this share of a log's item ids known to the model, scoring warns (another shop's
+# model, or ids mapped from the wrong column)
+MIN_KNOWN_ITEM_SHARE = 0.5
+
+
 def check_vocabulary(model: LoadedModel, events: pl.DataFrame, source_name: str) -> None:
     """Refuse a log none of whose items (or attributes) the model knows: the wrong data or the
     wrong model."""
@@ -160,11 +165,6 @@ def check_vocabulary(model: LoadedModel, events: pl.DataFrame, source_name: str)
         else f" ({share:.1%}): most histories will be unknown items, and their users get the "
         "fallback; is this the model of this shop's log (model=, data.columns.item_id)?",
     )
-
-
-# below this share of a log's item ids known to the model, scoring warns (another shop's
-# model, or ids mapped from the wrong column)
-MIN_KNOWN_ITEM_SHARE = 0.5
 
 
 # The MLflow pyfunc model's predict(params=...): flat scalars (MLflow's param schema has no
