@@ -6,6 +6,7 @@ lives in one place.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recsys.data import options
 from recsys.data.pipeline import PrepareSettings
@@ -94,6 +95,65 @@ class GuardRunFolder(Callback):
                 "into another folder (a new hydra.run.dir=..., or none: each job then gets its "
                 "own); nothing was written there"
             )
+
+
+class CheckSweep(Callback):
+    """Hydra callback: before the first job of a ``-m`` sweep starts, compose every job's
+    config and check it as the job itself would before any work (:func:`recsys.tasks.main.
+    check_config`, :func:`recsys.tasks.train.check_config`), so that one bad value
+    (``model.num_heads=2,0``) stops the sweep at once, naming the job, instead of after the
+    jobs before it have trained. Only Hydra's basic sweeper's jobs can be listed in advance;
+    only the jobs that train are checked."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        from recsys.tasks import main, train
+
+        check = {"run": main.check_config, "train": train.check_config}.get(config.hydra.job.name)
+        if check is None or not str(config.hydra.sweeper.get("_target_", "")).endswith(
+            "BasicSweeper"
+        ):
+            return
+        loader = GlobalHydra.instance().hydra.config_loader  # type: ignore[union-attr]
+        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        arguments = params + list(config.hydra.overrides.task)
+        overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
+        jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+        hydra_config, before = HydraConfig.instance(), HydraConfig.instance().cfg
+        try:
+            for number, job in enumerate(jobs):
+                try:
+                    check(_sweep_job_config(loader, config, list(job), number))
+                except Exception as err:
+                    # SystemExit: Hydra turns a callback's Exception into a warning, goes on
+                    raise SystemExit(
+                        f"{type(err).__name__}: job {number} of the sweep's {len(jobs)} "
+                        f"({' '.join(job)}): {err}. No job was run"
+                    ) from err
+        finally:
+            hydra_config.cfg = before
+
+
+def _sweep_job_config(loader: Any, sweep: DictConfig, job: list[str], number: int) -> DictConfig:
+    """Job ``number`` of a sweep's config as Hydra's basic launcher will give it to the task
+    (``hydra.runtime.output_dir`` its folder, the ``hydra`` node set aside as
+    :class:`HydraConfig`), without creating the folder."""
+    from hydra.core.hydra_config import HydraConfig
+
+    config = loader.load_sweep_config(sweep, job)
+    with open_dict(config):
+        config.hydra.job.id = config.hydra.job.num = number
+        folder = os.path.join(config.hydra.sweep.dir, str(config.hydra.sweep.subdir))
+        config.hydra.runtime.output_dir = os.path.abspath(folder)
+    HydraConfig.instance().set_config(config)
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return task
 
 
 def check_required(cfg: DictConfig, *, model_given: bool = False) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import weakref
 from collections.abc import Mapping
@@ -294,6 +295,43 @@ def store_lock(tracking_uri: str):
         yield
     finally:
         os.close(fd)  # (closing releases the lock)
+
+
+def check_registry(logger_cfg: Mapping[str, Any] | None) -> None:
+    """``logger.registered_model_name`` and ``logger.model_alias`` checked before a training,
+    by MLflow's rules (and ``@``, which would split ``model=<name>@<alias>`` in the wrong
+    place): MLflow would refuse them only when registering, after the whole training."""
+    logger = logger_cfg or {}
+    name, alias = logger.get("registered_model_name"), logger.get("model_alias")
+    if alias is not None and not name:
+        raise ValueError(
+            f"logger.model_alias={alias} points a registered model's alias at each new "
+            "version, but logger.registered_model_name is not set: name the model (e.g. "
+            "logger.registered_model_name=recsys), or drop the alias"
+        )
+    if name is None:
+        return
+    if not logger.get("enabled", False):
+        raise ValueError(
+            f"logger.registered_model_name={name}: tracking is off (logger=none), so nothing "
+            "would be registered: use logger=mlflow, or drop the name"
+        )
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/:@"):
+        raise ValueError(
+            f"logger.registered_model_name={name!r} must be a non-empty name without '/', ':' "
+            "or '@' (scoring finds it as model=<name>@<alias>), e.g. recsys-nightly"
+        )
+    if alias is not None and (
+        not isinstance(alias, str)
+        or not re.fullmatch(r"[\w\-]{1,255}", alias)
+        or alias.lower() == "latest"
+        or re.fullmatch(r"[vV]\d+", alias)
+    ):
+        raise ValueError(
+            f"logger.model_alias={alias!r} is not an alias MLflow accepts: letters, digits, "
+            "'_' and '-' only, and neither 'latest' nor v<number> (reserved for versions), "
+            "e.g. champion"
+        )
 
 
 @contextmanager

@@ -29,9 +29,10 @@ def run(cfg: DictConfig) -> MainResult:
         return _run(cfg)
 
 
-def _run(cfg: DictConfig) -> MainResult:
-    train.check_run_folder(cfg)  # before the MLflow run opens: a refusal leaves no run
-    # the scoring settings need no model: a mistake there should not cost a training
+def check_config(cfg: DictConfig) -> None:
+    """The training's config checks (:func:`recsys.tasks.train.check_config`) and the
+    scoring settings', which need no model: a mistake there should not cost a training."""
+    train.check_config(cfg)
     behaviors = event_schema(cfg.data).behaviors
     score.check_options(cfg.retrieval, behaviors, train.trained_targets(cfg, behaviors))
     if cfg.training.get("transition_prior") is not None and cfg.retrieval.get("rerank_top_n"):
@@ -40,6 +41,11 @@ def _run(cfg: DictConfig) -> MainResult:
             "transition prior to its scores (training.transition_prior), which the re-rank "
             "stage would replace for its top N: set retrieval.rerank_top_n=0"
         )
+
+
+def _run(cfg: DictConfig) -> MainResult:
+    train.check_run_folder(cfg)  # before the MLflow run opens: a refusal leaves no run
+    check_config(cfg)
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
     with use_tracker(None, cfg.logger, **run_settings) as tracker:

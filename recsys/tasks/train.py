@@ -32,7 +32,7 @@ from recsys.checkpoint import (
     set_transition_prior_weight,
     write_scoring_checkpoint,
 )
-from recsys.config import check_required, event_schema, to_container
+from recsys.config import check_required, event_schema, prepare_settings, to_container
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.options import time_buckets
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
@@ -43,7 +43,7 @@ from recsys.model.interface import check_encoder
 from recsys.model.transition import TransitionCounts
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
-from recsys.tracking import Tracker, flatten, load_model, use_tracker
+from recsys.tracking import Tracker, check_registry, flatten, load_model, use_tracker
 from recsys.training.callbacks import CheckMonitors, RandomStreams, TrainingClock
 from recsys.training.evaluation import pick_device
 from recsys.training.metrics import known_target_shares
@@ -832,11 +832,21 @@ def run(cfg: DictConfig, tracker: Tracker | None = None, *, register: bool = Tru
         return _run(cfg, tracker, register)
 
 
-def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> TrainResult:
-    check_run_folder(cfg)
+def check_config(cfg: DictConfig) -> None:
+    """Every check of a training's config that needs neither data nor a folder: run before
+    any work, and for each job of a ``-m`` sweep before the first starts
+    (:class:`recsys.config.CheckSweep`)."""
+    check_required(cfg)
+    prepare_settings(cfg.data)
     check_settings(cfg)
     check_model_settings(cfg)
     check_trainer_settings(cfg)
+    check_registry(cfg.logger)
+
+
+def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> TrainResult:
+    check_run_folder(cfg)
+    check_config(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     initial, distillation = load_references(cfg)  # a reference to nothing: before preparing
     prepared_dir = _prepared(cfg)

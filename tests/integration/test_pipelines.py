@@ -1197,6 +1197,41 @@ def test_cli_overrides_and_multirun_sweep(tmp_path):
     assert not (out / "mlflow.db").exists()  # logger=none tracks nothing
 
 
+@pytest.mark.parametrize(
+    ("pipeline", "sweep", "expected"),
+    [
+        (
+            "pipelines.train",
+            ["model.num_heads=2,0"],
+            "job 1 of the sweep's 2 (model.num_heads=0 ",
+        ),
+        (  # the main job's scoring settings too, swept by a config's hydra.sweeper.params
+            "pipelines.run",
+            ["--config-dir", "{configs}", "+sweep=bad", "model.num_heads=1,2"],
+            "job 2 of the sweep's 4 (retrieval.top_k=-1 +sweep=bad model.num_heads=1 ",
+        ),
+    ],
+)
+def test_a_sweep_with_one_bad_value_stops_before_any_job_runs(tmp_path, pipeline, sweep, expected):
+    """``-m`` with one bad value among good ones: every job's config is checked before the
+    first starts (recsys.config.CheckSweep), so the good jobs do not train first, and the
+    message names the bad job's overrides."""
+    configs = tmp_path / "configs"
+    (configs / "sweep").mkdir(parents=True)
+    (configs / "sweep" / "bad.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      retrieval.top_k: 5,-1\n"
+    )
+    sweep = [argument.format(configs=configs) for argument in sweep]
+    out = tmp_path / "outputs"
+    command = [sys.executable, "-m", pipeline, "-m", *sweep, *TINY, "logger=none"]
+    command.append(f"paths.output_dir={out}")
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert expected in last and last.endswith("No job was run"), last
+    assert not out.exists()  # no sweep folder, no job folder
+
+
 def test_a_failed_pipeline_exits_non_zero_and_says_why_in_its_run_log(tmp_path):
     """A scheduled job's owner reads the run folder's job log (run.log, prepare.log, ...) the
     morning after: it ends with the failure (which task, the error and its message naming the

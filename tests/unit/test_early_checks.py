@@ -429,3 +429,26 @@ def test_a_reference_is_tagged_with_the_model_it_named():
         "train.teacher.0.version": "7",
         "train.teacher.0.run_id": "abc",
     }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["logger.model_alias=champion"], r"^logger.model_alias=champion .*\.registered_model_n"),
+        (["logger.registered_model_name=a/b"], r"^logger.registered_model_name='a/b' must be"),
+        (["logger.registered_model_name=a@b"], r"^logger.registered_model_name='a@b' must be"),
+        (["logger.registered_model_name=m", "logger.model_alias=v2"], r"'v2' is not an alias"),
+        (["logger.registered_model_name=m", "logger.model_alias=latest"], r"'latest' is not an"),
+        (["logger.registered_model_name=m", "logger.model_alias='to prod'"], r"'to prod' is not"),
+        (["logger=none", "+logger.registered_model_name=m"], r"tracking is off \(logger=none\)"),
+    ],
+)
+def test_registry_settings_mlflow_would_refuse_after_training_are_refused_first(
+    make_config, monkeypatch, overrides, message
+):
+    """A model alias without a model name was ignored; a name or alias MLflow refuses (a '/',
+    a reserved alias) failed only at registration, after the whole training."""
+    monkeypatch.setattr(prepare, "run", lambda *a, **k: pytest.fail("prepared before checking"))
+    logger = [] if overrides[0].startswith("logger=") else ["logger=mlflow"]
+    with pytest.raises(ValueError, match=message):
+        train.run(make_config("config", ["experiment=tiny", *logger, *overrides]))
