@@ -220,11 +220,33 @@ def load_events(
     clean = classified.filter(pl.col(PROBLEM).is_null()).collect(engine=LOCAL)
     if clean.height == 0:
         raise DataError(f"{name} has no rows: export a non-empty event log")
+    if any(counts.values()):
+        _warn_of_users_set_aside(classified, clean, name)
     return (
         tidy_keys(clean)
         .drop(ROW, PROBLEM, RAW_TIMESTAMP, RAW_EVENT_TYPE)
         .with_columns(pl.col(EVENT_TYPE).cast(pl.String), attribute_sets(pl.col(ATTRIBUTES)))
     )
+
+
+def _warn_of_users_set_aside(classified: pl.LazyFrame, clean: pl.DataFrame, name: str) -> None:
+    """Name the users whose every row a ``drop`` policy set aside: they have no history left,
+    so they get no list (the bad rows themselves are counted by :func:`log_summary`)."""
+    set_aside = (
+        classified.filter(pl.col(PROBLEM).is_not_null() & pl.col(USER).is_not_null())
+        .select(USER)
+        .unique(maintain_order=True)
+        .join(clean.lazy().select(USER).unique(), on=USER, how="anti", maintain_order="left")
+        .collect(engine=LOCAL)[USER]
+    )
+    if set_aside.len():
+        log.warning(
+            "%s: %d user(s) had every row set aside by data.bad_rows, so they get no list "
+            "(e.g. %s): fix their rows, or policy error to stop on them",
+            name,
+            set_aside.len(),
+            ", ".join(str(user) for user in set_aside.head(5).to_list()),
+        )
 
 
 def _collect(lf: pl.LazyFrame, name: str) -> pl.DataFrame:

@@ -777,6 +777,26 @@ def test_bad_row_policies_are_given_to_recommend_frame(setup):
         recommend_frame(model, events, bad_rows={"unknown_behavior": "skip"})
 
 
+def test_a_user_whose_every_row_is_dropped_is_named_in_a_warning(setup, caplog):
+    """A ``drop`` policy that sets aside all of a user's rows leaves that user without a
+    history and without a list: the rows were counted, and now the user is named too."""
+    model, events = setup
+    lost = events.head(2).with_columns(
+        pl.lit(-7).cast(events.schema["user_id"]).alias("user_id"),
+        pl.lit("wishlist").alias("event_type"),
+    )
+    with caplog.at_level("WARNING", logger="recsys.data.pipeline"):
+        recommend_frame(
+            model,
+            pl.concat([events, lost]),
+            retrieval={"top_k": TOP_K},
+            bad_rows={"unknown_behavior": "drop"},
+        )
+    assert "1 user(s) had every row set aside by data.bad_rows, so they get no list (e.g. -7)" in (
+        caplog.text
+    )
+
+
 def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
     """A resumed scoring job takes parts written under the same model digest as its own: the
     same weights with another window, time buckets or target behaviours score otherwise."""
