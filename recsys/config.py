@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from recsys.data import options
 from recsys.data.pipeline import PrepareSettings
 from recsys.data.sequences import TimeBuckets
+from recsys.data.validate import check_number
 from recsys.schema import EventSchema
 
 
@@ -212,6 +213,26 @@ def prepare_settings(data_cfg: Mapping[str, Any]) -> PrepareSettings:
 
 def item_columns(data_cfg: Mapping[str, Any]) -> dict[str, str | None]:
     return options.item_columns(data_options(data_cfg))
+
+
+def model_history_length(data_cfg: Mapping[str, Any], trained: int, model: object) -> int:
+    """The history length a loaded ``model`` reads in evaluation and scoring: ``trained``, the
+    one it was trained with (its position table and time buckets were fitted to it).
+    ``data.max_seq_len`` is still checked, and a different value is named in the log rather
+    than silently not applied."""
+    given = data_cfg.get("max_seq_len")
+    check_number(
+        "data.max_seq_len", given, integer=True, minimum=1, why=" (the most recent events read)"
+    )
+    if given != trained:
+        logging.getLogger(__name__).info(
+            "history length %d as %s was trained with, not data.max_seq_len=%d: a model "
+            "reads the length it was trained with",
+            trained,
+            model,
+            given,
+        )
+    return trained
 
 
 def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:

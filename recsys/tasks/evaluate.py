@@ -20,7 +20,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from recsys.config import check_required
+from recsys.config import check_required, model_history_length
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.io import DataError, read_user_list
 from recsys.data.vocab import Vocab
@@ -271,10 +271,11 @@ def run(
     with naming_keys("training", cfg.training):
         _evaluation_module(cfg, model.encoder, model.vocab, {}, transition_prior=None)
     listed = read_user_list(cfg.users) if cfg.get("users") else None
+    max_seq_len = model_history_length(cfg.data, model.max_seq_len, ref)
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,
-        max_seq_len=model.max_seq_len,
+        max_seq_len=max_seq_len,
         eval_batch_size=cfg.data.loader.eval_batch_size,
         time_buckets=model.time_buckets,  # as trained, whatever data.time_buckets says now
     )

@@ -23,7 +23,13 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from recsys.checkpoint import LoadedModel, model_digest
-from recsys.config import check_required, event_schema, prepare_settings, to_container
+from recsys.config import (
+    check_required,
+    event_schema,
+    model_history_length,
+    prepare_settings,
+    to_container,
+)
 from recsys.data.io import DataError, EventSource
 from recsys.data.pipeline import events_fingerprint, load_events
 from recsys.data.validate import BadRowPolicy, parse_instant
@@ -276,7 +282,9 @@ def run(
     check_required(cfg, model_given=checkpoint is not None)
     started = time.perf_counter()
     retrieval = to_container(cfg.retrieval)
-    model, model_tags = load_model(cfg.model_ref if checkpoint is None else checkpoint, cfg.logger)
+    ref = cfg.model_ref if checkpoint is None else checkpoint
+    model, model_tags = load_model(ref, cfg.logger)
+    model_history_length(cfg.data, model.max_seq_len, ref)
     prepare = prepare_settings(cfg.data)
     job = _Job.load(
         model,

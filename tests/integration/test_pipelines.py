@@ -13,7 +13,7 @@ import pytest
 
 from recsys.data.io import DataError
 from recsys.data.pipeline import load_stats
-from recsys.tasks import evaluate, main, score, train
+from recsys.tasks import evaluate, main, prepare, score, train
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["experiment=tiny"]
@@ -1230,6 +1230,29 @@ def test_a_sweep_with_one_bad_value_stops_before_any_job_runs(tmp_path, pipeline
     last = done.stderr.strip().splitlines()[-1]
     assert expected in last and last.endswith("No job was run"), last
     assert not out.exists()  # no sweep folder, no job folder
+
+
+@pytest.mark.parametrize("task", ["evaluate", "score"])
+def test_evaluate_and_score_read_the_trained_history_length_and_say_so(
+    main_run, make_config, tmp_path, caplog, monkeypatch, task
+):
+    """A loaded model reads the history length it was trained with: a different
+    data.max_seq_len is named in the log (it was silently not applied), an absurd one is
+    refused before any work."""
+    _, result = main_run
+    settings = [f"model_ref={result.checkpoint}", *TINY_DATA, "logger=none"]
+    if task == "score":
+        settings.append(f"retrieval.output.path={tmp_path}/recs")
+    run = {"evaluate": evaluate.run, "score": score.run}[task]
+    monkeypatch.setattr(prepare, "run", lambda *a, **k: pytest.fail("prepared before checking"))
+    with pytest.raises(ValueError, match=r"^data.max_seq_len=0 .*>= 1"):
+        run(make_config(task, [*settings, "data.max_seq_len=0"]))
+    monkeypatch.undo()
+    with caplog.at_level("INFO", logger="recsys.config"):
+        run(make_config(task, [*settings, "data.max_seq_len=7"]))
+    assert f"history length 20 as {result.checkpoint} was trained with, not data.max_seq_len=7" in (
+        caplog.text
+    )
 
 
 def test_a_failed_pipeline_exits_non_zero_and_says_why_in_its_run_log(tmp_path):
