@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -215,24 +216,30 @@ def item_columns(data_cfg: Mapping[str, Any]) -> dict[str, str | None]:
     return options.item_columns(data_options(data_cfg))
 
 
-def model_history_length(data_cfg: Mapping[str, Any], trained: int, model: object) -> int:
-    """The history length a loaded ``model`` reads in evaluation and scoring: ``trained``, the
-    one it was trained with (its position table and time buckets were fitted to it).
-    ``data.max_seq_len`` is still checked, and a different value is named in the log rather
-    than silently not applied."""
+def note_trained_settings(data_cfg: Mapping[str, Any], model: Any, ref: object) -> None:
+    """A loaded ``model`` (``ref``, as the user named it) reads histories in evaluation and
+    scoring as it was trained to: its ``max_seq_len`` and ``time_buckets`` (its position and
+    time tables were fitted to them). ``data.max_seq_len`` and ``data.time_buckets`` are still
+    checked, and a value that differs is named in the log rather than silently not applied."""
     given = data_cfg.get("max_seq_len")
     check_number(
         "data.max_seq_len", given, integer=True, minimum=1, why=" (the most recent events read)"
     )
-    if given != trained:
-        logging.getLogger(__name__).info(
-            "history length %d as %s was trained with, not data.max_seq_len=%d: a model "
-            "reads the length it was trained with",
-            trained,
-            model,
-            given,
+    buckets = time_buckets(data_cfg)
+    differ = [
+        f"{key}: {trained} (data.{key}: {now})"
+        for key, trained, now in (
+            ("max_seq_len", model.max_seq_len, given),
+            ("time_buckets", asdict(model.time_buckets), asdict(buckets)),
         )
-    return trained
+        if trained != now
+    ]
+    if differ:
+        logging.getLogger(__name__).info(
+            "%s reads histories as it was trained to, not as this config's data settings say: %s",
+            ref,
+            "; ".join(differ),
+        )
 
 
 def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:

@@ -11,7 +11,6 @@ protocol as run tags.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from recsys.config import check_required, model_history_length
+from recsys.config import check_required, note_trained_settings
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.io import DataError, read_user_list
 from recsys.data.vocab import Vocab
@@ -271,21 +270,14 @@ def run(
     with naming_keys("training", cfg.training):
         _evaluation_module(cfg, model.encoder, model.vocab, {}, transition_prior=None)
     listed = read_user_list(cfg.users) if cfg.get("users") else None
-    max_seq_len = model_history_length(cfg.data, model.max_seq_len, ref)
+    note_trained_settings(cfg.data, model, ref)
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,
-        max_seq_len=max_seq_len,
+        max_seq_len=model.max_seq_len,  # as trained, whatever data.max_seq_len says now
         eval_batch_size=cfg.data.loader.eval_batch_size,
-        time_buckets=model.time_buckets,  # as trained, whatever data.time_buckets says now
+        time_buckets=model.time_buckets,  # (and data.time_buckets)
     )
-    if datamodule.stats["time_buckets"] != asdict(model.time_buckets):
-        log.info(
-            "time buckets as checkpoint %s was trained with (%s), not data.time_buckets (%s)",
-            model.path,
-            asdict(model.time_buckets),
-            datamodule.stats["time_buckets"],
-        )
     if datamodule.vocab.content_hash() != model.vocab.content_hash():
         # named as the user gave it: a model fetched from MLflow sits in a temporary copy
         raise ValueError(

@@ -26,7 +26,7 @@ from recsys.checkpoint import LoadedModel, model_digest
 from recsys.config import (
     check_required,
     event_schema,
-    model_history_length,
+    note_trained_settings,
     prepare_settings,
     to_container,
 )
@@ -284,7 +284,7 @@ def run(
     retrieval = to_container(cfg.retrieval)
     ref = cfg.model_ref if checkpoint is None else checkpoint
     model, model_tags = load_model(ref, cfg.logger)
-    model_history_length(cfg.data, model.max_seq_len, ref)
+    note_trained_settings(cfg.data, model, ref)
     prepare = prepare_settings(cfg.data)
     job = _Job.load(
         model,

@@ -1233,12 +1233,12 @@ def test_a_sweep_with_one_bad_value_stops_before_any_job_runs(tmp_path, pipeline
 
 
 @pytest.mark.parametrize("task", ["evaluate", "score"])
-def test_evaluate_and_score_read_the_trained_history_length_and_say_so(
+def test_evaluate_and_score_read_histories_as_trained_and_say_so(
     main_run, make_config, tmp_path, caplog, monkeypatch, task
 ):
-    """A loaded model reads the history length it was trained with: a different
-    data.max_seq_len is named in the log (it was silently not applied), an absurd one is
-    refused before any work."""
+    """A loaded model reads histories as it was trained to: a different data.max_seq_len (or
+    data.time_buckets) is named in the log (the length was silently not applied), an absurd
+    length is refused before any work."""
     _, result = main_run
     settings = [f"model_ref={result.checkpoint}", *TINY_DATA, "logger=none"]
     if task == "score":
@@ -1249,10 +1249,10 @@ def test_evaluate_and_score_read_the_trained_history_length_and_say_so(
         run(make_config(task, [*settings, "data.max_seq_len=0"]))
     monkeypatch.undo()
     with caplog.at_level("INFO", logger="recsys.config"):
-        run(make_config(task, [*settings, "data.max_seq_len=7"]))
-    assert f"history length 20 as {result.checkpoint} was trained with, not data.max_seq_len=7" in (
-        caplog.text
-    )
+        run(make_config(task, [*settings, "data.max_seq_len=7", "data.time_buckets.num_buckets=8"]))
+    said = f"{result.checkpoint} reads histories as it was trained to, not as this config's data"
+    assert said in caplog.text
+    assert "max_seq_len: 20 (data.max_seq_len: 7); time_buckets: {" in caplog.text
 
 
 def test_a_failed_pipeline_exits_non_zero_and_says_why_in_its_run_log(tmp_path):
