@@ -163,15 +163,46 @@ def check_required(cfg: DictConfig, *, model_given: bool = False) -> None:
     ``model=`` of score / evaluate) are not set, naming each and how to give it, before any
     work: OmegaConf would otherwise stop the job midway with ``MissingMandatoryValue``.
     ``model_given``: the caller passes the checkpoint itself (``model=`` is not read)."""
-    missing = [
-        key
-        for key in _missing_keys(OmegaConf.to_container(cfg, resolve=False))
-        if not (model_given and key == "model_ref")
-    ]
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    check_top_level_keys(plain)
+    missing = [key for key in _missing_keys(plain) if not (model_given and key == "model_ref")]
     if missing:
         given = "; ".join(REQUIRED.get(key, f"{key}=...") for key in missing)
         names = ", ".join("model=" if key == "model_ref" else key for key in missing)
         raise ValueError(f"{names} not set: give {given}")
+
+
+# every top-level key of conf/config.yaml, conf/evaluate.yaml and conf/score.yaml
+TOP_LEVEL_KEYS = frozenset(
+    {"task_name", "seed", "resume", "init_from", "model_ref", "users", "per_target", "splits"}
+    | {"paths", "data", "training", "model", "trainer", "callbacks", "logger", "retrieval"}
+    | {"hydra"}
+)
+
+
+def check_top_level_keys(cfg: Mapping[str, Any]) -> None:
+    """Refuse a top-level key added by mistake, which nothing would read: a misspelt group
+    (``+trainig.seen_items=zero``: the groups refuse their own misspelt keys) or a key given
+    without its group (``+max_epochs=3`` for ``trainer.max_epochs``). A new key of a user's own
+    (for an interpolation) passes unless its name is that close to one of recsys'."""
+    import difflib
+
+    nested = {}
+    for group in TOP_LEVEL_KEYS & set(cfg):
+        if isinstance(cfg[group], Mapping):
+            for key in cfg[group]:
+                nested.setdefault(str(key), f"{group}.{key}")
+    for key in map(str, cfg):
+        if key in TOP_LEVEL_KEYS:
+            continue
+        meant = [nested[key]] if key in nested else []
+        meant += difflib.get_close_matches(key, sorted(TOP_LEVEL_KEYS), n=1, cutoff=0.75)
+        if meant:
+            raise ValueError(
+                f"{key} is not a top-level config key, so nothing would read it (added with "
+                f"+{key}...?): did you mean {meant[0]}? Write {meant[0]} in its place, "
+                "without the +"
+            )
 
 
 def _missing_keys(value: Any, prefix: str = "") -> Iterator[str]:

@@ -452,3 +452,32 @@ def test_registry_settings_mlflow_would_refuse_after_training_are_refused_first(
     logger = [] if overrides[0].startswith("logger=") else ["logger=mlflow"]
     with pytest.raises(ValueError, match=message):
         train.run(make_config("config", ["experiment=tiny", *logger, *overrides]))
+
+
+@pytest.mark.parametrize(
+    ("config", "override", "meant"),
+    [
+        ("config", "+trainig.seen_items=zero", "training"),
+        ("config", "+max_epochs=3", "trainer.max_epochs"),
+        ("config", "+seeds=3", "seed"),
+        ("score", "+top_k=5", "retrieval.top_k"),
+        ("evaluate", "+user=u.csv", "users"),
+    ],
+)
+def test_a_top_level_key_added_by_mistake_is_refused_naming_the_one_meant(
+    make_config, config, override, meant
+):
+    """A misspelt group or a key without its group, added with +, was accepted and read by
+    nothing: the job ran without the setting."""
+    from recsys.config import check_required
+
+    key = override[1:].split("=")[0].split(".")[0]
+    with pytest.raises(ValueError, match=rf"^{key} is not a top-level config key.*mean {meant}\?"):
+        check_required(make_config(config, ["logger=none", override]), model_given=True)
+
+
+def test_a_top_level_key_of_the_users_own_passes(make_config):
+    """A new key far from recsys' names (kept for an interpolation) is not refused."""
+    from recsys.config import check_required
+
+    check_required(make_config("config", ["+dataset_root=/srv/logs"]))
