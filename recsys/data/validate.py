@@ -177,9 +177,11 @@ def parse_instant(value: str | datetime | None, *, option: str) -> datetime | No
             raise ValueError(
                 f"{option}={value!r} is not an ISO 8601 time such as 2024-05-01T00:00:00Z"
             ) from err
-    if instant is not None and instant.tzinfo is None:
-        instant = instant.replace(tzinfo=UTC)
-    return instant
+    if instant is None:
+        return None
+    if instant.tzinfo is None:
+        return instant.replace(tzinfo=UTC)
+    return instant.astimezone(UTC)  # a named zone (Europe/Berlin) too: polars compares in UTC
 
 
 def timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:

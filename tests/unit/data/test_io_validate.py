@@ -1017,3 +1017,27 @@ def test_a_bad_user_list_is_refused_naming_the_file_and_the_fix(tmp_path, conten
     with pytest.raises(DataError, match=r"unsupported file type '\.txt'"):
         (tmp_path / "users.txt").write_text("1\n2\n")
         read_user_list(tmp_path / "users.txt")
+
+
+def test_instants_in_a_named_time_zone_are_taken_as_utc(tmp_path):
+    """``as_of`` / ``window`` given as datetimes in a named zone (Europe/Berlin, as a notebook's
+    pandas Timestamps often are) crashed polars' comparison with the UTC log; they are the same
+    instants in UTC."""
+    from zoneinfo import ZoneInfo
+
+    from recsys.data import prepare
+    from recsys.data.validate import parse_instant
+
+    berlin = ZoneInfo("Europe/Berlin")
+    summer = datetime(2024, 6, 1, 2, 0, tzinfo=berlin)  # 2024-06-01T00:00Z (CEST, +02:00)
+    assert parse_instant(summer, option="as_of") == utc(2024, 6, 1)
+    assert parse_instant(pd.Timestamp("2024-01-01 01:00", tz="Europe/Berlin"), option="x") == (
+        utc(2024, 1, 1)
+    )
+    events = generate_events(num_users=30, num_items=20, num_categories=3, seed=0)
+    start = events["timestamp"].sort()[len(events) // 4].replace(tzinfo=None)
+    local = start.replace(tzinfo=UTC).astimezone(berlin)
+    ds = prepare(events, tmp_path / "zoned", window={"start": local}, as_of=summer.replace(year=2030))
+    ds_utc = prepare(events, tmp_path / "utc", window={"start": start})
+    assert ds.stats["fingerprint"] != "" and ds.events().height == ds_utc.events().height
+    assert ds.events().height < events.height
