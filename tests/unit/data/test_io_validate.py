@@ -1037,7 +1037,8 @@ def test_instants_in_a_named_time_zone_are_taken_as_utc(tmp_path):
     events = generate_events(num_users=30, num_items=20, num_categories=3, seed=0)
     start = events["timestamp"].sort()[len(events) // 4].replace(tzinfo=None)
     local = start.replace(tzinfo=UTC).astimezone(berlin)
-    ds = prepare(events, tmp_path / "zoned", window={"start": local}, as_of=summer.replace(year=2030))
+    later = summer.replace(year=2030)
+    ds = prepare(events, tmp_path / "zoned", window={"start": local}, as_of=later)
     ds_utc = prepare(events, tmp_path / "utc", window={"start": start})
     assert ds.stats["fingerprint"] != "" and ds.events().height == ds_utc.events().height
     assert ds.events().height < events.height
