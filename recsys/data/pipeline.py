@@ -218,6 +218,12 @@ def load_events(
     )
     log_summary(counts, source_name=name)
     clean = classified.filter(pl.col(PROBLEM).is_null()).collect(engine=LOCAL)
+    if clean.height == 0 and any(counts.values()):
+        bad = {kind: count for kind, count in counts.items() if count}
+        raise DataError(
+            f"{name}: no events left after setting aside bad rows {bad} (data.bad_rows): fix "
+            "those rows, or score a log with good ones"
+        )
     if clean.height == 0:
         raise DataError(f"{name} has no rows: export a non-empty event log")
     if any(counts.values()):

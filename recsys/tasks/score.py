@@ -13,12 +13,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
+import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
@@ -225,9 +226,11 @@ class _Job:
         ``bad_rows``; ``clock`` is the "now" future timestamps are judged by), vocabulary."""
         check_columns(model, schema)
         options, rules = settings(retrieval, model)
+        as_of = parse_instant(as_of, option="retrieval.as_of")
+        if clock is None and as_of is not None:  # an event up to the scoring time is no
+            clock = max(datetime.now(UTC), as_of)  # future_timestamp (data.as_of unset)
         events = load_events(source, schema, bad_rows=bad_rows, as_of=clock)
         check_vocabulary(model, events, source_name)
-        as_of = parse_instant(as_of, option="retrieval.as_of")
         data = ScoringData.build(model, events, rules=rules, options=options, as_of=as_of)
         return cls(options=options, rules=rules, events=events, data=data, as_of=as_of)
 
@@ -239,22 +242,26 @@ def recommend_frame(
     schema: EventSchema | None = None,
     retrieval: Mapping[str, Any] | None = None,
     as_of: str | datetime | None = None,
-    device: str | None = None,
+    device: str | torch.device | None = None,
     bad_rows: Mapping[str, str] | None = None,
 ) -> pl.DataFrame:
     """Recommendations for every user of ``events`` (a frame or file with the columns the
     model was trained with, unless ``schema`` says otherwise), in memory. ``retrieval``:
     ``conf/retrieval`` keys, e.g. ``{"top_k": 5, "rules": {"max_per_category": 2}}``, its
     ``as_of`` and ``accelerator`` included (``as_of`` / ``device`` here win over them; without
-    either the device is the CPU). ``bad_rows``: ``data.bad_rows``' policies, e.g.
-    ``{"unknown_behavior": "drop"}`` where a message names ``data.bad_rows.unknown_behavior``.
-    Without ``as_of`` the lists are for the moment of the frame's last event, so a subset of
-    the users may get other lists than the whole log: give ``as_of`` to compare."""
+    either the device is the CPU; ``device``: auto, cpu, gpu or a ``torch.device``).
+    ``bad_rows``: ``data.bad_rows``' policies, e.g. ``{"unknown_behavior": "drop"}`` where a
+    message names ``data.bad_rows.unknown_behavior``. Without ``as_of`` the lists are for the
+    moment of the frame's last event, so a subset of the users may get other lists than the
+    whole log: give ``as_of`` to compare. An event after both now and ``as_of`` is a
+    ``future_timestamp`` bad row."""
     retrieval = dict(to_container(retrieval) or {})
     if as_of is None:
         as_of = retrieval.get("as_of")
     if device is None:
         device = pick_device(retrieval.get("accelerator", "cpu"), option="retrieval.accelerator")
+    elif not isinstance(device, torch.device):
+        device = pick_device(device, option="device")
     job = _Job.load(
         model,
         events,

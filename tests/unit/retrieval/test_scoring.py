@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import polars.selectors as cs
 import pytest
 import torch
 from polars.testing import assert_frame_equal
@@ -795,6 +796,45 @@ def test_a_user_whose_every_row_is_dropped_is_named_in_a_warning(setup, caplog):
     assert "1 user(s) had every row set aside by data.bad_rows, so they get no list (e.g. -7)" in (
         caplog.text
     )
+
+
+def test_recommend_frame_takes_a_device_by_name_or_refuses_it_by_name(setup):
+    """``device=`` went to torch unchecked: "auto" or "gpu" failed with torch's own error."""
+    model, events = setup
+    expected = recommend_frame(model, events)  # the CPU
+    assert_frame_equal(recommend_frame(model, events, device=torch.device("cpu")), expected)
+    assert_frame_equal(recommend_frame(model, events, device="cpu"), expected)
+    with pytest.raises(ValueError, match=r"^device='tpu': use one of"):
+        recommend_frame(model, events, device="tpu")
+    if not torch.cuda.is_available():  # (auto: the GPU where there is one)
+        assert_frame_equal(recommend_frame(model, events, device="auto"), expected)
+        with pytest.raises(ValueError, match=r"^device=gpu: this machine has no CUDA GPU"):
+            recommend_frame(model, events, device="gpu")
+
+
+def test_a_log_later_than_now_scores_up_to_a_later_as_of(setup):
+    """Events after the wall clock but before the scoring ``as_of`` (a log of simulated or
+    shifted times) are not future_timestamp rows; those after both still are."""
+    model, events = setup
+    shift = pl.duration(days=365 * 40)
+    later = events.with_columns(pl.col("timestamp") + shift)
+    end = later["timestamp"].max()
+    moved = recommend_frame(model, later, as_of=end)
+    assert_frame_equal(
+        moved.drop(cs.starts_with("explain_") & cs.ends_with("timestamp")),
+        recommend_frame(model, events, as_of=events["timestamp"].max()).drop(
+            cs.starts_with("explain_") & cs.ends_with("timestamp")
+        ),
+    )
+    with pytest.raises(DataError, match=r"\[future_timestamp\]"):
+        recommend_frame(model, later, as_of=events["timestamp"].max())
+
+
+def test_a_log_whose_every_row_is_set_aside_says_so(setup):
+    model, events = setup
+    odd = events.head(5).with_columns(pl.lit("wishlist").alias("event_type"))
+    with pytest.raises(DataError, match=r"no events left after setting aside bad rows \{'unknown"):
+        recommend_frame(model, odd, bad_rows={"unknown_behavior": "drop"})
 
 
 def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
