@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import polars as pl
 import pyarrow as pa
@@ -467,7 +468,11 @@ def _as_lazy(
         # (polars' conversion of an aware one takes Series.values, deprecated in pandas 3.1)
         for column in source.columns:
             dtype = source[column].dtype
-            if isinstance(dtype, pd.DatetimeTZDtype):
+            if columns[column] and _integral_floats(source[column]):
+                # an int id column that pandas made float to hold a NaN (one missing id): the
+                # ids as integers again, so that vocabularies and outputs do not read 1041569.0
+                source[column] = source[column].astype("Int64")
+            elif isinstance(dtype, pd.DatetimeTZDtype):
                 source[column] = source[column].dt.tz_convert(None)  # naive UTC
             elif isinstance(dtype, pd.ArrowDtype) and _fixed_offset(dtype.pyarrow_dtype):
                 utc = pa.timestamp(dtype.pyarrow_dtype.unit, "UTC")
@@ -491,6 +496,15 @@ def _as_lazy(
         f"cannot read events from {type(source).__name__}: pass a CSV/Parquet path "
         "or a pandas/polars DataFrame"
     )
+
+
+def _integral_floats(values: pd.Series) -> bool:
+    """A float column (numpy's or pandas' nullable) whose values are all whole numbers that
+    int64 holds exactly, nulls aside."""
+    if not pd.api.types.is_float_dtype(values.dtype):
+        return False
+    known = values.dropna().to_numpy(dtype=np.float64)
+    return bool(np.all(np.isfinite(known) & (np.abs(known) < 2.0**53) & (known == np.floor(known))))
 
 
 def _available_columns(lf: pl.LazyFrame, name: str) -> list[str]:

@@ -750,6 +750,24 @@ def test_pandas_nan_ids_are_null_ids(tmp_path):
     ]
 
 
+def test_int_ids_pandas_made_float_for_a_nan_are_ints_again(tmp_path):
+    """One missing id turns a pandas int column into float64: with the row dropped, the ids
+    stayed floats in the vocabulary, the prepared data and every recommendation (1041569.0).
+    Whole-number floats of an id column are read as integers; other floats stay floats."""
+    from recsys.data import prepare
+
+    log = generate_events(num_users=20, num_items=15, num_categories=3, seed=2)
+    frame = log.to_pandas()
+    frame.loc[0, USER] = None  # float64 now
+    frame[ITEM] = frame[ITEM].astype("Float64")  # pandas' nullable float, all whole
+    assert frame[USER].dtype == "float64"
+    ds = prepare(frame, tmp_path / "p", bad_rows={"null_id": "drop"})
+    assert ds.events().schema[USER] == pl.Int64 and ds.vocab.items.schema[ITEM] == pl.Int64
+    assert ds.quarantine().height == 1
+    halves = frame.dropna().assign(**{ITEM: frame[ITEM].dropna() + 0.5})
+    assert prepare(halves, tmp_path / "h").vocab.items.schema[ITEM] == pl.Float64
+
+
 def test_same_log_from_csv_parquet_pandas_and_polars(tmp_path, small_log):
     schema = EventSchema()
     csv = tmp_path / "log.csv"
