@@ -65,6 +65,13 @@ class PreparedDataset:
         path = Path(path)
         return cls(path=path, stats=load_stats(path), vocab=Vocab.load(path))
 
+    @property
+    def timed(self) -> bool:
+        """False for an order-only log (``data.columns.timestamp=null``), whose stored times
+        are its events' positions, not moments."""
+        columns = self.stats.get("schema", {}).get("columns")
+        return columns is None or bool(columns.get(TIMESTAMP))
+
     def sequences(self, *, backend: Backend = "polars") -> pl.DataFrame | pd.DataFrame:
         """One row per user: list columns of item / behaviour indices and Unix seconds, plus
         the split positions."""
@@ -79,7 +86,8 @@ class PreparedDataset:
     ) -> pl.DataFrame | pd.DataFrame:
         """One row per prepared event: ``user_id, position, item_id, item_index, event_type,
         timestamp, window`` (train | val | test) and ``is_target``. ``item_id`` is null for
-        items outside the training vocabulary (index 1, UNK). ``window`` filters."""
+        items outside the training vocabulary (index 1, UNK); ``timestamp`` for every event of
+        an order-only log. ``window`` filters."""
         if window is not None and window not in WINDOWS:
             raise ValueError(f"window={window!r}: use one of {list(WINDOWS)} or None")
         items = self.vocab.items.select(ITEM, pl.col(INDEX).alias("item_index"))
@@ -99,7 +107,11 @@ class PreparedDataset:
             .rename({ITEMS: "item_index", BEHAVIORS: "behavior_index"})
             .with_columns(
                 pl.col("position").cast(pl.Int32),
-                pl.from_epoch(TIMES, time_unit="s").dt.replace_time_zone("UTC").alias(TIMESTAMP),
+                (
+                    pl.from_epoch(TIMES, time_unit="s").dt.replace_time_zone("UTC")
+                    if self.timed
+                    else pl.lit(None, pl.Datetime("us", "UTC"))  # order-only: no time
+                ).alias(TIMESTAMP),
                 pl.when(position < pl.col(TRAIN_END))
                 .then(pl.lit("train"))
                 .when(position < pl.col(TEST_START))

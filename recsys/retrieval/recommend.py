@@ -135,7 +135,10 @@ class ScoringData:
         rules: Rules,
         options: ScoringOptions,
         as_of=None,
+        timed: bool = True,
     ) -> ScoringData:
+        """``timed=False``: an order-only log, whose times are its row numbers (one
+        microsecond apart in 1970): its explanations show no time."""
         encoded = scoring_events(events, vocab=model.vocab, as_of=as_of)
         if as_of is not None:
             later = events[USER].n_unique() - encoded[USER].n_unique()
@@ -157,8 +160,9 @@ class ScoringData:
             model.vocab, encoded, target_behavior=rules.target_behavior, popularity_since=since
         )
         index = catalogue.index_of(encoded[ITEM])
+        moment = pl.col(TIMESTAMP) if timed else pl.lit(None, encoded.schema[TIMESTAMP])
         return cls(
-            events=encoded.select(USER, ITEM, EVENT_TYPE, TIMESTAMP),
+            events=encoded.select(USER, ITEM, EVENT_TYPE, moment.alias(TIMESTAMP)),
             store=store,
             catalogue_index=index,
             catalogue=catalogue,

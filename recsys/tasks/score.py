@@ -38,7 +38,7 @@ from recsys.retrieval.output import PartitionedOutput, check_formats, check_outp
 from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
 from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
-from recsys.schema import ATTRIBUTES, ITEM, SESSION, EventSchema
+from recsys.schema import ATTRIBUTES, ITEM, SESSION, TIMESTAMP, EventSchema
 from recsys.tasks.prepare import event_source
 from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import pick_device
@@ -231,7 +231,9 @@ class _Job:
             clock = max(datetime.now(UTC), as_of)  # future_timestamp (data.as_of unset)
         events = load_events(source, schema, bad_rows=bad_rows, as_of=clock)
         check_vocabulary(model, events, source_name)
-        data = ScoringData.build(model, events, rules=rules, options=options, as_of=as_of)
+        data = ScoringData.build(
+            model, events, rules=rules, options=options, as_of=as_of, timed=schema.has(TIMESTAMP)
+        )
         return cls(options=options, rules=rules, events=events, data=data, as_of=as_of)
 
 

@@ -107,8 +107,9 @@ def test_item_table_with_attribute_sets(tmp_path):
     assert vocab.attribute_width == 3
     table = vocab.item_attribute_table()
     assert len(table) == vocab.num_items and all(len(row) == 3 for row in table)
-    # order-only log: every user's events keep the input order
+    # order-only log: every user's events keep the input order, and have no time
     assert ds.events()["item_id"].to_list() == events["item"].to_list()
+    assert not ds.timed and ds.events()["timestamp"].null_count() == len(events)
 
 
 def test_an_item_table_that_lists_no_training_item_is_reported(tmp_path, caplog):

@@ -837,6 +837,20 @@ def test_a_log_whose_every_row_is_set_aside_says_so(setup):
         recommend_frame(model, odd, bad_rows={"unknown_behavior": "drop"})
 
 
+def test_an_order_only_log_s_explanations_have_no_time(setup):
+    """An order-only log's times are its row numbers (1970-01-01 plus microseconds): they
+    were shown as the explained events' times."""
+    model, events = setup
+    columns = {k: v for k, v in EventSchema().columns.items() if k != "timestamp"}
+    order_only = dataclasses.replace(model, schema=EventSchema(columns=columns))
+    ordered = events.sort("user_id", "timestamp", maintain_order=True).drop("timestamp")
+    frame = recommend_frame(order_only, ordered, retrieval={"top_k": TOP_K})
+    assert frame.height == events["user_id"].n_unique() * TOP_K
+    assert frame["explain_1_item_id"].null_count() < frame.height  # explained, ...
+    for j in (1, 2, 3):  # ... without a time
+        assert frame[f"explain_{j}_timestamp"].null_count() == frame.height
+
+
 def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
     """A resumed scoring job takes parts written under the same model digest as its own: the
     same weights with another window, time buckets or target behaviours score otherwise."""
