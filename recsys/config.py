@@ -279,9 +279,9 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
     ``python -m pipelines.run experiment=tiny logger=none`` would run with. For ``score`` and
     ``evaluate``, ``model=<ref>`` names the model to load, as on the command line.
 
-    Outside a Hydra app there is no run folder (``${hydra:runtime.output_dir}``): give
-    ``paths.run_dir=<folder>`` (and usually ``paths.output_dir=<folder>``) among the overrides
-    before a task reads it.
+    The run folder is the one the command line's job would get (``hydra.run.dir``: a new
+    dated folder under ``paths.output_dir``), unless ``paths.run_dir=<folder>`` is among the
+    overrides. Nothing is created until a task runs.
     """
     from pathlib import Path
 
@@ -298,4 +298,10 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=overrides)
+        cfg = hydra_compose(config_name, overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        if not any(o.split("=", 1)[0].lstrip("+~") == "paths.run_dir" for o in overrides):
+            # ${hydra:runtime.output_dir} has no value outside a Hydra app
+            cfg.paths.run_dir = str(cfg.hydra.run.dir)
+        del cfg["hydra"]
+    return cfg

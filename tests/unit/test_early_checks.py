@@ -481,3 +481,27 @@ def test_a_top_level_key_of_the_users_own_passes(make_config):
     from recsys.config import check_required
 
     check_required(make_config("config", ["+dataset_root=/srv/logs"]))
+
+
+@pytest.mark.parametrize(("config", "suffix"), [("config", ""), ("score", "_score")])
+def test_compose_gives_the_run_folder_the_command_line_would(tmp_path, config, suffix):
+    """recsys.config.compose without paths.run_dir failed in the task with Hydra's
+    "HydraConfig was not set" (``${hydra:runtime.output_dir}``): it now names the dated folder
+    the command line's job would get, and creates nothing."""
+    import re
+
+    from omegaconf import OmegaConf
+
+    from recsys.config import compose
+
+    out = tmp_path / "outputs"
+    model = ["model=x"] if config == "score" else []  # (a score job's model: not loaded)
+    cfg = compose(config, ["logger=none", f"paths.output_dir={out}", *model])
+    plain = OmegaConf.to_container(cfg, resolve=True)  # every value resolves
+    assert re.fullmatch(
+        rf"{out}/runs/\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{{6}}{suffix}", plain["paths"]["run_dir"]
+    )
+    assert "hydra" not in plain and not out.exists()
+    assert compose(config, [f"paths.run_dir={tmp_path / 'mine'}"]).paths.run_dir == str(
+        tmp_path / "mine"
+    )
