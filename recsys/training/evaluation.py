@@ -5,6 +5,7 @@ the metric code the LightningModule logs during validation; each target's metric
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -21,6 +22,8 @@ from recsys.data.io import DataError, read_user_list
 from recsys.schema import NUM_RESERVED
 from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
+
+log = logging.getLogger(__name__)
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
@@ -126,6 +129,25 @@ class TargetRecords:
         )
 
 
+def _listed_users(users) -> pl.Series:
+    """``compare_per_target``'s ``users``: a CSV / Parquet file (as ``pipelines.evaluate
+    users=`` reads it), a polars or pandas frame (its ``user_id`` column, or its only one), a
+    Series, or any iterable of ids."""
+    if isinstance(users, str | os.PathLike):
+        return read_user_list(users)
+    if isinstance(users, pl.DataFrame | pd.DataFrame):
+        names = [str(c) for c in users.columns]
+        if "user_id" not in names and len(names) != 1:
+            raise ValueError(
+                f"users: a frame with columns {names}, none of them 'user_id': name the column "
+                "of user ids 'user_id', or pass that column"
+            )
+        users = users["user_id" if "user_id" in names else users.columns[0]]
+    if isinstance(users, pd.Series):
+        users = pl.from_pandas(users)
+    return (users if isinstance(users, pl.Series) else pl.Series(list(users))).rename("user_id")
+
+
 def _per_target_table(table, name: str) -> pl.DataFrame:
     if isinstance(table, str | os.PathLike):
         path = Path(table)
@@ -178,8 +200,9 @@ def compare_per_target(
     training seed would move either model (pass several seeds' tables to average over them).
 
     ``split``: which split to compare (needed when the tables hold several). ``users``: only
-    these user ids (an iterable, a polars Series, or a CSV / Parquet file as ``users=`` of
-    ``pipelines.evaluate`` reads it). All tables must hold the same targets (the same data and
+    these user ids (an iterable, a polars or pandas Series or frame, or a CSV / Parquet file
+    as ``users=`` of ``pipelines.evaluate`` reads it; listed users without a target there are
+    counted in a warning). All tables must hold the same targets (the same data and
     split): other tables are refused, saying how they differ."""
     sides = {"a": a, "b": b}
     tables: dict[str, pl.DataFrame] = {}  # "a", or "a[0]", "a[1]", ... for a list
@@ -200,11 +223,19 @@ def compare_per_target(
         if len(splits) != 1:
             raise ValueError(f"the tables hold splits {splits}: choose one with split=")
         split = splits[0]
-    ids = None
-    if users is not None:
-        if isinstance(users, str | os.PathLike):
-            users = read_user_list(users)
-        ids = pl.Series("user_id", list(users) if not isinstance(users, pl.Series) else users)
+    ids = None if users is None else _listed_users(users)
+    if ids is not None:
+        listed = pl.concat([t.filter(pl.col("split") == split)["user_id"] for t in tables.values()])
+        absent = ids.filter(~ids.cast(listed.dtype, strict=False).is_in(listed.implode()))
+        if absent.len():
+            log.warning(
+                "%d of the %d users listed have no %s target in the tables (e.g. %s): they "
+                "are not compared (unknown users, or targets not ranked)",
+                absent.len(),
+                ids.len(),
+                split,
+                absent.head(3).to_list(),
+            )
     joined = None
     for i, (name, table) in enumerate(tables.items()):
         table = table.filter(pl.col("split") == split)

@@ -52,6 +52,29 @@ def test_pairs_are_matched_by_user_not_by_row_order_and_users_select(tmp_path):
     assert compare_per_target(a, b, users=[2])["ties"] == 1
 
 
+def test_users_may_be_frames_or_series_and_unmatched_ids_are_named(caplog):
+    """A pandas frame of users was read as its column names, a polars one failed to cast,
+    and a listed user without a target was left out without a word."""
+    import pandas as pd
+
+    a, b = table([0.0, 1.0, 0.5, 0.25]), table([1.0, 1.0, 0.0, 0.5])
+    expected = compare_per_target(a, b, users=[1, 3])
+    for users in (
+        pd.DataFrame({"user_id": [1, 3]}),
+        pd.DataFrame({"customer": [1, 3]}),  # its only column
+        pl.DataFrame({"user_id": [1, 3], "segment": ["x", "y"]}),
+        pd.Series([1, 3]),
+        pl.Series([1, 3]),
+        (1, 3),
+    ):
+        assert compare_per_target(a, b, users=users) == expected
+    with pytest.raises(ValueError, match=r"columns \['id', 'segment'\], none of them 'user_id'"):
+        compare_per_target(a, b, users=pd.DataFrame({"id": [1], "segment": ["x"]}))
+    with caplog.at_level("WARNING", logger="recsys.training.evaluation"):
+        assert compare_per_target(a, b, users=[1, 3, 99])["targets"] == 2
+    assert "1 of the 3 users listed have no test target in the tables (e.g. [99])" in caplog.text
+
+
 def test_several_tables_on_a_side_are_averaged_target_by_target():
     """One table per training seed: each target's metric is their mean before pairing."""
     a = table([0.0, 1.0, 0.5, 0.25])
