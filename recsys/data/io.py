@@ -628,7 +628,9 @@ def read_side_by_side(lf: pl.LazyFrame, source: EventSource, schema: EventSchema
 
 
 def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFrame:
-    """Open an item side table lazily: ``item_id`` plus ``category`` and/or ``attributes``."""
+    """Open an item side table lazily: ``item_id`` plus ``category`` and/or ``attributes``.
+    With ``category`` mapped, the default ``attributes: attributes`` applies only where the
+    table has that column."""
     name = describe_source(source)
     if not columns.get(ITEM):
         raise DataError("data.item_columns.item_id is not set: name the item id column")
@@ -638,6 +640,13 @@ def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFr
             "table adds nothing: map one of them or set data.items=null"
         )
     lf = _as_lazy(source, name, _wanted(columns), option="data.items")
+    if (
+        columns.get(CATEGORY)
+        and columns.get(ATTRIBUTES) == ATTRIBUTES
+        and ATTRIBUTES not in _available_columns(lf, name)
+    ):  # the default attributes mapping, with a category mapped: a table of item and category
+        columns = {**columns, ATTRIBUTES: None}
+        lf = _as_lazy(source, name, _wanted(columns), option="data.items")
     return select_mapped(lf, columns, name=name, option="data.item_columns")
 
 

@@ -66,7 +66,9 @@ def event_schema(options: Mapping[str, Any]) -> EventSchema:
 
 
 def item_columns(options: Mapping[str, Any]) -> dict[str, str | None]:
-    return {**DEFAULT_ITEM_COLUMNS, **dict(options.get("item_columns") or {})}
+    given = dict(options.get("item_columns") or {})
+    check_keys(given, allowed={*DEFAULT_ITEM_COLUMNS, TIMESTAMP}, group="data.item_columns")
+    return {**DEFAULT_ITEM_COLUMNS, **given}
 
 
 def time_buckets(options: Mapping[str, Any]) -> TimeBuckets:

@@ -889,7 +889,7 @@ def _item_table(
         types = lf.collect_schema()
     name = describe_source(items)
     _check_item_table(lf, types, columns, schema, item_dtype, name)
-    side = ATTRIBUTES if columns.get(ATTRIBUTES) else CATEGORY
+    side = ATTRIBUTES if ATTRIBUTES in types else CATEGORY  # (as scan_items mapped them)
     attributes = attribute_list(
         types[side],
         side,

@@ -175,3 +175,18 @@ def test_an_item_table_row_that_would_be_lost_or_merged_is_refused(tmp_path, tab
         )
     assert message in str(info.value)
     assert not (tmp_path / "p").exists()
+
+
+def test_an_item_table_of_item_and_category_needs_only_the_category_mapped(tmp_path):
+    """``item_columns={"category": ...}`` on a table of item_id and category failed on the
+    default ``attributes: attributes`` mapping; a misspelt key was not named."""
+    from recsys.data.synthetic import generate_events
+
+    log = generate_events(num_users=30, num_items=20, num_categories=4, seed=3)
+    items = log.select("item_id", "category").unique("item_id").to_pandas()
+    ds = rd.prepare(
+        log.drop("category"), tmp_path / "p", items=items, item_columns={"category": "category"}
+    )
+    assert ds.vocab.num_attributes > 2  # the categories, beside PAD and UNK
+    with pytest.raises(ValueError, match=r"unknown data.item_columns option\(s\) \['categry'\]"):
+        rd.prepare(log, tmp_path / "q", items=items, item_columns={"categry": "category"})
