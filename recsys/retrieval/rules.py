@@ -146,7 +146,10 @@ def read_item_list(source: str | Sequence, name: str) -> pl.Series:
     if suffix in (".parquet", ".pq"):
         frame = pl.read_parquet(path)
     elif suffix == ".csv":
-        frame = pl.read_csv(path, infer_schema_length=0)  # ids as text; cast to the catalogue's
+        try:
+            frame = pl.read_csv(path, infer_schema_length=0)  # ids as text: cast to the catalogue's
+        except pl.exceptions.NoDataError:  # an empty file: no ids
+            frame = pl.DataFrame({ITEM: pl.Series([], dtype=pl.String)})
     elif suffix in (".txt", ""):
         lines = [x.strip() for x in path.read_text().splitlines() if x.strip()]
         frame = pl.DataFrame({ITEM: pl.Series(lines, dtype=pl.String)})
@@ -166,8 +169,14 @@ def read_item_list(source: str | Sequence, name: str) -> pl.Series:
 
 def _list_indices(source, catalogue: Catalogue, name: str) -> torch.Tensor:
     ids = read_item_list(source, name)
+    if ids.len() == 0 and name == "deny_list":  # a nightly file of nothing out of stock
+        log.info("retrieval.rules.deny_list lists no item today: nothing is denied")
+        return torch.zeros(0, dtype=torch.long)
     if ids.len() == 0:
-        raise DataError(f"retrieval.rules.{name} is empty: list at least one item id")
+        raise DataError(
+            f"retrieval.rules.{name} is empty, which allows no item: list at least one item id, "
+            "or set it to null to allow every item"
+        )
     index = torch.from_numpy(catalogue.index_of(ids))
     unknown = int((index < NUM_RESERVED).sum())
     if unknown:

@@ -118,6 +118,24 @@ def test_allow_and_deny_lists(setup, tmp_path):
         _score(model, events, rules={"deny_list": str(tmp_path / "missing.csv")})
 
 
+def test_an_empty_deny_list_denies_nothing_and_an_empty_allow_list_is_refused(setup, tmp_path):
+    """A nightly deny file of today's out-of-stock items may list none: the job failed."""
+    model, events = setup
+    expected = _score(model, events)
+    (tmp_path / "header.csv").write_text("item_id\n")
+    (tmp_path / "blank.csv").write_text("")
+    (tmp_path / "blank.txt").write_text("\n")
+    for deny in (
+        [],
+        str(tmp_path / "header.csv"),
+        str(tmp_path / "blank.csv"),
+        str(tmp_path / "blank.txt"),
+    ):
+        assert_frame_equal(_score(model, events, rules={"deny_list": deny}), expected)
+    with pytest.raises(DataError, match=r"allow_list is empty, which allows no item"):
+        _score(model, events, rules={"allow_list": str(tmp_path / "header.csv")})
+
+
 @pytest.mark.parametrize(
     "as_given",
     [np.array, pl.Series, lambda ids: __import__("pandas").Series(ids), set, "path"],
