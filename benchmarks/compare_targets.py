@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     a, b = (files.split(",") if "," in files else files for files in (args.a, args.b))
     lines = [HEADER]
     for metric in args.metric or ["ndcg_at_10", "hr_at_10"]:
-        got = compare_per_target(a, b, metric, split=args.split, users=args.users)
+        try:
+            got = compare_per_target(a, b, metric, split=args.split, users=args.users)
+        except (ValueError, TypeError) as err:  # DataError too: the message, not a traceback
+            parser.error(str(err))
         lines.append(row(metric, got))
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -221,7 +221,10 @@ def compare_per_target(
     splits = sorted({s for table in tables.values() for s in table["split"].unique()})
     if split is None:
         if len(splits) != 1:
-            raise ValueError(f"the tables hold splits {splits}: choose one with split=")
+            raise ValueError(
+                f"the tables hold splits {splits}: choose one with split={splits[-1]!r} "
+                f"(python -m benchmarks.compare_targets: --split {splits[-1]})"
+            )
         split = splits[0]
     ids = None if users is None else _listed_users(users)
     if ids is not None:

@@ -167,3 +167,16 @@ def test_the_command_averages_a_comma_separated_list(tmp_path, capsys):
     assert compare_targets.main([files[0], ",".join(files[1:]), "--metric", "ndcg_at_10"]) == 0
     row = capsys.readouterr().out.splitlines()[2]
     assert row.startswith("| ndcg_at_10 | 2 | 0.5000 | 0.5000 | +0.0000 ± 0.5000 |")
+
+
+def test_the_command_names_its_own_option_when_a_split_must_be_chosen(tmp_path, capsys):
+    from benchmarks import compare_targets
+
+    both = pl.concat([table([0.0, 1.0]), table([1.0, 0.0], split="val")])
+    both.write_parquet(tmp_path / "a.parquet")
+    with pytest.raises(SystemExit) as exit_info:  # a usage error, not a traceback
+        compare_targets.main([str(tmp_path / "a.parquet")] * 2)
+    assert exit_info.value.code == 2
+    assert "choose one with split='val' (python -m benchmarks.compare_targets: --split val)" in (
+        capsys.readouterr().err
+    )
