@@ -159,6 +159,8 @@ def _encoder(cfg: DictConfig, **sizes: int) -> torch.nn.Module:
 # a catalogue larger than any setting's bound on it (negatives, sampled metrics): the trial
 # build below refuses what the real one would, and nothing that the real one would take
 TRIAL_ITEMS = 20_000
+# trainer.precision values recsys trains with (the model stays in float32)
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "bf16", "16")
 
 
 def check_model_settings(cfg: DictConfig) -> None:
@@ -745,6 +747,29 @@ def check_settings(cfg: DictConfig) -> None:
             minimum=1,
             why=" (validation selects the checkpoint)",
         )
+    every = trainer.get("check_val_every_n_epoch") or 1
+    if isinstance(epochs, int) and epochs > 0 and isinstance(every, int) and every > epochs:
+        raise ValueError(
+            f"trainer.check_val_every_n_epoch={every} with trainer.max_epochs={epochs}: no "
+            "validation would run, so no checkpoint would be selected: validate at least "
+            "once (check_val_every_n_epoch <= max_epochs)"
+        )
+    if trainer.get("max_steps") == 0:
+        raise ValueError("trainer.max_steps=0 trains nothing: drop it, or set it >= 1 (-1: none)")
+    precision = str(trainer.get("precision", "32-true"))
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"trainer.precision={precision}: recsys trains in float32 (32-true) or with mixed "
+            "precision (bf16-mixed, as trainer=gpu, or 16-mixed); a model held in 16 or 64 bits "
+            "(16-true, bf16-true, 64-true) is not supported"
+        )
+    devices = trainer.get("devices", 1)
+    listed = isinstance(devices, Sequence) and not isinstance(devices, str)
+    if not (devices in (1, "1") or (listed and len(devices) == 1)):
+        raise ValueError(
+            f"trainer.devices={devices}: recsys trains on one device (one process); "
+            "set trainer.devices=1 (a particular GPU: trainer.devices=[<index>])"
+        )
     accelerator = (cfg.trainer or {}).get("accelerator")
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(
@@ -758,6 +783,14 @@ def check_settings(cfg: DictConfig) -> None:
             "would end with none to evaluate or score: keep 1 (the best), or -1 (every one)"
         )
     for key, callback in (cfg.callbacks or {}).items():
+        decay = callback.get("decay") if isinstance(callback, DictConfig) else None
+        if decay is not None:  # an average that never (1) or always (0) follows the weights
+            check_number(f"callbacks.{key}.decay", decay, minimum=0)
+            if not 0 < decay < 1:
+                raise ValueError(
+                    f"callbacks.{key}.decay={decay} must lie strictly between 0 and 1 (e.g. "
+                    "0.999): at 1 the average keeps the initial weights, at 0 it is no average"
+                )
         patience = callback.get("patience") if isinstance(callback, DictConfig) else None
         if patience is not None and (
             isinstance(patience, bool) or not isinstance(patience, int) or patience < 0

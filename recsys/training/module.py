@@ -582,8 +582,9 @@ class SeqRecModule(pl.LightningModule):
         with torch.no_grad():
             scores = self.encoder.score_items(output.query)  # (B, I)
             scores = scores.scatter(1, target[:, None], -math.inf)
-            # at most the catalogue (as the ranker clamps its depth): the target plus the rest
-            depth = min(self.rerank_top_n, scores.shape[1])
+            # at most the catalogue (as the ranker clamps its depth): the target plus the rest,
+            # the rest drawn from the real items only (PAD, UNK and the target score -inf)
+            depth = min(self.rerank_top_n, scores.shape[1] - NUM_RESERVED)
             negatives = scores.topk(depth - 1, dim=1).indices  # (B, N-1)
         candidates = torch.cat([target[:, None], negatives], dim=1)  # (B, N), true item first
         logits = self.encoder.rerank_scores(output, candidates)

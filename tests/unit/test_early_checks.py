@@ -47,7 +47,24 @@ from recsys.tasks import main, prepare, train
         ("data.behaviors=[]", r"behaviors is empty"),
         ("data.behaviors=null", r"^data.behaviors=None must be a list of names"),
         ("data.time_buckets.unit_seconds=inf", r"^data.time_buckets.unit_seconds=inf must be a"),
-        ("trainer.precision=33", r"^trainer: Precision 33 is invalid"),
+        ("trainer.precision=33", r"^trainer.precision=33: recsys trains in float32"),
+        # accepted before, then a dtype error after the data was prepared
+        ("trainer.precision=64-true", r"^trainer.precision=64-true: .* is not supported$"),
+        ("trainer.precision=bf16-true", r"^trainer.precision=bf16-true: .* is not supported$"),
+        # Lightning's second process found the run folder held by the first
+        ("trainer.devices=2", r"^trainer.devices=2: recsys trains on one device"),
+        # trained every epoch, then "training produced no checkpoint"
+        (
+            "trainer.check_val_every_n_epoch=3 trainer.max_epochs=2",
+            r"^trainer.check_val_every_n_epoch=3 with trainer.max_epochs=2: no validation",
+        ),
+        ("+trainer.max_steps=0", r"^trainer.max_steps=0 trains nothing"),
+        # an average that never leaves the initial weights: the untrained model selected
+        (
+            "callbacks.weight_averaging={_target_:pytorch_lightning.callbacks.EMAWeightAveraging"
+            ",decay:1.0}",
+            r"^callbacks.weight_averaging.decay=1.0 must lie strictly between 0 and 1",
+        ),
         ("+trainer.max_epoch=3", r"^trainer: .*unexpected keyword argument 'max_epoch'"),
         ("callbacks.model_checkpoint.mode=maximum", r"^callbacks.model_checkpoint: `mode` can"),
         ("trainer.gradient_clip_val=-1", r"^trainer.gradient_clip_val=-1 must be a number >= 0"),

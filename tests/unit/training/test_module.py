@@ -91,6 +91,23 @@ def train_loss(m: SeqRecModule, b: SeqBatch) -> torch.Tensor:
         return m.training_step(b, 0)
 
 
+@pytest.mark.parametrize("depth", [NUM_ITEMS - 2, NUM_ITEMS - 1, NUM_ITEMS, 5000])
+def test_the_rerank_loss_never_takes_the_target_or_pad_or_unk_as_a_negative(depth):
+    """With training.rerank_top_n at or past the catalogue, the -inf columns (PAD, UNK and the
+    target itself) were drawn as negatives: the target competed against itself."""
+    m = module(loss="full_softmax", rerank_top_n=depth, rerank_loss_weight=0.5)
+    seen = []
+    rerank_scores = m.encoder.rerank_scores
+    m.encoder.rerank_scores = lambda output, candidates: (
+        seen.append(candidates) or rerank_scores(output, candidates)
+    )
+    train_loss(m, batch())
+    (candidates,) = seen
+    assert candidates.shape[1] == NUM_ITEMS - 2  # every real item once: the target first
+    for row in candidates.tolist():
+        assert len(set(row)) == len(row) and min(row) >= 2
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
