@@ -85,18 +85,25 @@ class GuardRunFolder(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.job.name not in ("run", "train") or config.get("resume") is not None:
             return
-        run_dir = Path(config.hydra.run.dir)
-        held = sorted(run_dir.glob("checkpoints/**/*.ckpt"))
+        held = held_training(Path(config.hydra.run.dir))
         if held:
-            names = ", ".join(str(p.relative_to(run_dir)) for p in held[:5])
             # SystemExit (exit status 1, the message on stderr): Hydra turns a callback's
             # Exception into a warning and goes on
             raise SystemExit(
-                f"FileExistsError: hydra.run.dir={run_dir} already holds a training ({names}"
-                f"{', ...' if len(held) > 5 else ''}): continue it with resume=last, or run "
-                "into another folder (a new hydra.run.dir=..., or none: each job then gets its "
-                "own); nothing was written there"
+                f"FileExistsError: hydra.run.dir={config.hydra.run.dir} already holds a "
+                f"training ({held}): continue it with resume=last, or run into another folder "
+                "(a new hydra.run.dir=..., or none: each job then gets its own); nothing was "
+                "written there"
             )
+
+
+def held_training(run_dir: Path) -> str | None:
+    """The checkpoints a run folder holds, named (None: none)."""
+    held = sorted(run_dir.glob("checkpoints/**/*.ckpt"))
+    if not held:
+        return None
+    names = ", ".join(str(p.relative_to(run_dir)) for p in held[:5])
+    return names + (", ..." if len(held) > 5 else "")
 
 
 class CheckSweep(Callback):
@@ -129,7 +136,15 @@ class CheckSweep(Callback):
         try:
             for number, job in enumerate(jobs):
                 try:
-                    check(_sweep_job_config(loader, config, list(job), number))
+                    task = _sweep_job_config(loader, config, list(job), number)
+                    held = None if task.get("resume") else held_training(Path(task.paths.run_dir))
+                    if held:  # before Hydra rewrites the earlier sweep's records there
+                        raise FileExistsError(
+                            f"its folder {task.paths.run_dir} already holds a training ({held}):"
+                            " sweep into another hydra.sweep.dir (or none: each sweep then gets "
+                            "its own)"
+                        )
+                    check(task)
                 except Exception as err:
                     # SystemExit: Hydra turns a callback's Exception into a warning, goes on
                     raise SystemExit(

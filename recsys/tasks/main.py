@@ -43,8 +43,24 @@ def check_config(cfg: DictConfig) -> None:
         )
 
 
+def follow_trained_rerank(cfg: DictConfig) -> None:
+    """The main job's scoring re-ranks as deep as its evaluation did: with a target-attention
+    head trained (``training.rerank_top_n`` > 0, as ``model=atrank_faithful`` sets), a
+    ``retrieval.rerank_top_n`` of 0 would write retrieval-only lists while the headline test
+    metrics measure the re-ranked ones."""
+    trained = cfg.training.get("rerank_top_n")
+    if isinstance(trained, int) and trained > 0 and not cfg.retrieval.get("rerank_top_n"):
+        cfg.retrieval.rerank_top_n = trained
+        log.info(
+            "retrieval.rerank_top_n=%d, as training.rerank_top_n: the recommendations are "
+            "re-ranked as the test metrics were",
+            trained,
+        )
+
+
 def _run(cfg: DictConfig) -> MainResult:
     train.check_run_folder(cfg)  # before the MLflow run opens: a refusal leaves no run
+    follow_trained_rerank(cfg)
     check_config(cfg)
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}

@@ -1255,6 +1255,29 @@ def test_evaluate_and_score_read_histories_as_trained_and_say_so(
     assert "max_seq_len: 20 (data.max_seq_len: 7); time_buckets: {" in caplog.text
 
 
+def test_a_sweep_into_a_sweep_folder_that_holds_trainings_is_refused_untouched(tmp_path):
+    """The same -m command again with the same hydra.sweep.dir: each job was refused, but only
+    after Hydra had rewritten the earlier jobs' .hydra/ records (with settings those
+    checkpoints were not trained with) and multirun.yaml."""
+    sweep = tmp_path / "multi"
+    kept = {
+        sweep / "0" / "checkpoints" / "best.ckpt": "weights",
+        sweep / "0" / ".hydra" / "overrides.yaml": "- model.num_heads=1\n",
+        sweep / "multirun.yaml": "earlier sweep\n",
+    }
+    for path, text in kept.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    command = [sys.executable, "-m", "pipelines.train", "-m", "model.num_heads=1,2", *TINY]
+    command += ["logger=none", f"hydra.sweep.dir={sweep}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert f"its folder {sweep / '0'} already holds a training (checkpoints/best.ckpt)" in (
+        done.stderr
+    )
+    assert {p: p.read_text() for p in sweep.rglob("*") if p.is_file()} == kept
+
+
 def test_a_failed_pipeline_exits_non_zero_and_says_why_in_its_run_log(tmp_path):
     """A scheduled job's owner reads the run folder's job log (run.log, prepare.log, ...) the
     morning after: it ends with the failure (which task, the error and its message naming the

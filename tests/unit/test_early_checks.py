@@ -522,3 +522,21 @@ def test_compose_gives_the_run_folder_the_command_line_would(tmp_path, config, s
     assert compose(config, [f"paths.run_dir={tmp_path / 'mine'}"]).paths.run_dir == str(
         tmp_path / "mine"
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["model=atrank_faithful"], 100),  # evaluation re-ranks its top 100: scoring too
+        (["model=atrank_faithful", "retrieval.rerank_top_n=30"], 30),  # a depth given: kept
+        ([], 0),  # no head trained: retrieval alone
+    ],
+)
+def test_the_main_job_scores_as_deep_as_it_evaluates(make_config, overrides, expected):
+    """model=atrank_faithful's headline test metrics re-ranked the top 100, while its
+    recommendations were retrieval-only (a lower test NDCG@10 than the one printed)."""
+    from recsys.tasks import main
+
+    cfg = make_config("config", ["logger=none", *overrides])
+    main.follow_trained_rerank(cfg)
+    assert cfg.retrieval.rerank_top_n == expected
