@@ -638,11 +638,23 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
     return path
 
 
+def check_checkpoint_callback(cfg: DictConfig) -> None:
+    """``callbacks.model_checkpoint`` must be there: other settings refer to its folder, and
+    evaluation and scoring read the best checkpoint it keeps."""
+    if not isinstance((cfg.get("callbacks") or {}).get("model_checkpoint"), DictConfig):
+        raise ValueError(
+            "callbacks.model_checkpoint is not set: it keeps the best checkpoint, which "
+            "evaluation and scoring read (and other settings refer to its folder): keep it "
+            "(conf/callbacks/default.yaml), changing its keys if need be"
+        )
+
+
 def check_run_folder(cfg: DictConfig) -> None:
     """Refuse, before any work, to train into a run folder that holds a training already (its
     checkpoints), unless ``resume`` continues it: a second training there would write
     best-v1.ckpt beside the first one's, overwrite its scoring checkpoint and config, and
     leave a later ``resume=last`` the first one's last.ckpt."""
+    check_checkpoint_callback(cfg)  # (its folder is one of those looked into)
     if cfg.get("resume") is not None:
         return
     run_dir = Path(cfg.paths.run_dir)
@@ -870,6 +882,7 @@ def check_config(cfg: DictConfig) -> None:
     any work, and for each job of a ``-m`` sweep before the first starts
     (:class:`recsys.config.CheckSweep`)."""
     check_required(cfg)
+    check_checkpoint_callback(cfg)
     prepare_settings(cfg.data)
     check_settings(cfg)
     check_model_settings(cfg)

@@ -9,7 +9,8 @@ is stated in epochs, not in steps that depend on the data and the batch size::
     python -m pipelines.run 'training.scheduler={_target_: recsys.training.schedules.warmup_cosine,
         _partial_: true, epochs: 50, final_lr_fraction: 0.04}'
 
-Any ``torch.optim.lr_scheduler`` class works too (its step counts are optimiser steps).
+A ``torch.optim.lr_scheduler`` class stepped without arguments works too (its step counts are
+optimiser steps); ``ReduceLROnPlateau``, which needs a metric at each step, does not.
 """
 
 from __future__ import annotations

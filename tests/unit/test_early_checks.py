@@ -59,6 +59,7 @@ from recsys.tasks import main, prepare, train
             r"^trainer.check_val_every_n_epoch=3 with trainer.max_epochs=2: no validation",
         ),
         ("+trainer.max_steps=0", r"^trainer.max_steps=0 trains nothing"),
+        ("callbacks.model_checkpoint=null", r"^callbacks.model_checkpoint is not set: it keeps"),
         # an average that never leaves the initial weights: the untrained model selected
         (
             "callbacks.weight_averaging={_target_:pytorch_lightning.callbacks.EMAWeightAveraging"
