@@ -100,6 +100,8 @@ class Tracker:
                         experiment_name, artifact_location=artifact_root
                     )
                 )
+                if experiment is not None and artifact_root:
+                    _note_artifact_root(experiment, artifact_root)
         if not run_id:
             run = self.client.create_run(
                 self.experiment_id, run_name=run_name, tags=dict(tags or {})
@@ -295,6 +297,21 @@ def store_lock(tracking_uri: str):
         yield
     finally:
         os.close(fd)  # (closing releases the lock)
+
+
+def _note_artifact_root(experiment: Any, artifact_root: str) -> None:
+    """MLflow fixes an experiment's artifact folder when it is created: a later
+    ``logger.artifact_root`` is not applied, and the user is told where artifacts go."""
+    where = str(experiment.artifact_location)
+    if where.removeprefix("file://").rstrip("/") != str(artifact_root).rstrip("/"):
+        log.warning(
+            "logger.artifact_root=%s is not applied: MLflow experiment %r keeps the artifact "
+            "folder it was created with (%s); a new folder needs a new experiment "
+            "(logger.experiment_name=...)",
+            artifact_root,
+            experiment.name,
+            where,
+        )
 
 
 def check_registry(logger_cfg: Mapping[str, Any] | None) -> None:

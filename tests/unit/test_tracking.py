@@ -51,6 +51,22 @@ def test_sqlite_run_records_params_metrics_tags_and_artifacts(tmp_path, monkeypa
     assert files == ["config/a.txt"]
 
 
+def test_an_artifact_root_the_experiment_cannot_take_is_named(tmp_path, monkeypatch, caplog):
+    """MLflow keeps an experiment's artifact folder from its creation: a later
+    logger.artifact_root went unapplied without a word."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = str(tmp_path / "art")
+    Tracker(tracking_uri=uri, experiment_name="t", artifact_root=first).finish()
+    with caplog.at_level("WARNING", logger="recsys.tracking"):
+        Tracker(tracking_uri=uri, experiment_name="t", artifact_root=first).finish()
+        assert "is not applied" not in caplog.text  # the same folder: nothing to say
+        Tracker(tracking_uri=uri, experiment_name="t", artifact_root=str(tmp_path / "other"))
+    assert f"logger.artifact_root={tmp_path / 'other'} is not applied: MLflow experiment 't'" in (
+        caplog.text
+    )
+
+
 def test_environment_variable_wins(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'env.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
