@@ -151,9 +151,12 @@ class Tracker:
 
         return _Logger(tracking_uri=self.tracking_uri, run_id=self.run_id)
 
-    def log_params(self, params: Mapping[str, Any]) -> None:
+    def log_params(self, params: Mapping[str, Any], restored: tuple[str, ...] = ()) -> None:
         """Log ``params``; a parameter the run has already keeps its value (MLflow cannot
-        change it), and a different new value is set as the tag ``changed_param.<name>``."""
+        change it), and a different new value is set as the tag ``changed_param.<name>``,
+        except under the ``restored`` prefixes (a resumed training's optimiser and callbacks
+        continue from the checkpoint): a new value there is named in a warning as not
+        applied."""
         if not self.enabled:
             return
         from mlflow.entities import Param
@@ -164,6 +167,13 @@ class Tracker:
         for start in range(0, len(items), 100):  # MLflow's batch limit
             self.client.log_batch(self.run_id, params=items[start : start + 100])
         changed = {k: v for k, v in values.items() if k in logged and logged[k] != v}
+        kept = {k: v for k, v in changed.items() if k.startswith(restored)}
+        if kept:
+            log.warning(
+                "not applied to the resumed training, which continues from its checkpoint: %s",
+                ", ".join(f"{k} {logged[k]} (given {v})" for k, v in sorted(kept.items())),
+            )
+        changed = {k: v for k, v in changed.items() if k not in kept}
         if changed:
             log.info(
                 "parameters changed since this run logged them (tags changed_param.*): %s",

@@ -496,8 +496,13 @@ def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> Non
 
 
 def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
-    """Resolved config (flattened params + yaml), vocabularies and dataset statistics."""
-    tracker.log_params(flatten(to_container(cfg)))
+    """Resolved config (flattened params + yaml), vocabularies and dataset statistics. A
+    resumed training's optimiser, scheduler and callbacks continue from the checkpoint, so
+    their settings there keep the values logged first (not tagged as changed)."""
+    tracker.log_params(
+        flatten(to_container(cfg)),
+        restored=RESTORED_ON_RESUME if cfg.get("resume") is not None else (),
+    )
     config_file = Path(cfg.paths.run_dir) / "config_resolved.yaml"
     config_file.parent.mkdir(parents=True, exist_ok=True)
     config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -517,6 +522,8 @@ def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> Non
 
 
 RUN_ID_KEY = "mlflow_run_id"  # in the checkpoint's recsys entry: the run a resume continues
+# settings a resumed training takes from its checkpoint, not from the config
+RESTORED_ON_RESUME = ("training.optimizer.", "training.scheduler.", "callbacks.")
 
 
 def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:

@@ -138,6 +138,28 @@ def test_continued_run_keeps_its_parameters_and_tags_the_changed_ones(tmp_path, 
     assert other.run_id not in (None, first.run_id) and "in a new run" in caplog.text
 
 
+def test_a_resumed_run_names_the_settings_its_checkpoint_keeps_instead_of_tagging_them(
+    tmp_path, caplog
+):
+    """resume=last continues the optimiser and callbacks from the checkpoint: a new learning
+    rate or patience was tagged changed_param.*, as if it had applied."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(tracking_uri=uri, experiment_name="e")
+    first.log_params({"training.optimizer.lr": 0.001, "trainer.max_epochs": 2})
+    again = Tracker(tracking_uri=uri, experiment_name="e", continue_run_id=first.run_id)
+    with caplog.at_level("WARNING", logger="recsys.tracking"):
+        again.log_params(
+            {"training.optimizer.lr": 0.01, "trainer.max_epochs": 4},
+            restored=("training.optimizer.", "callbacks."),
+        )
+    tags = again.client.get_run(first.run_id).data.tags
+    assert {k: v for k, v in tags.items() if k.startswith("changed_param.")} == {
+        "changed_param.trainer.max_epochs": "4"
+    }
+    assert "not applied to the resumed training, which continues from its checkpoint" in caplog.text
+    assert "training.optimizer.lr 0.001 (given 0.01)" in caplog.text
+
+
 def test_a_model_fetched_from_mlflow_is_removed_when_its_caller_is_done_with_it(
     tmp_path, monkeypatch
 ):
