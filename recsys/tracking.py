@@ -154,8 +154,8 @@ class Tracker:
     def log_params(self, params: Mapping[str, Any], restored: tuple[str, ...] = ()) -> None:
         """Log ``params``; a parameter the run has already keeps its value (MLflow cannot
         change it), and a different new value is set as the tag ``changed_param.<name>``,
-        except under the ``restored`` prefixes (a resumed training's optimiser and callbacks
-        continue from the checkpoint): a new value there is named in a warning as not
+        except under the ``restored`` prefixes (a resumed training's optimiser, for one,
+        continues from the checkpoint): a new value there is named in a warning as not
         applied."""
         if not self.enabled:
             return

@@ -497,8 +497,8 @@ def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> Non
 
 def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
     """Resolved config (flattened params + yaml), vocabularies and dataset statistics. A
-    resumed training's optimiser, scheduler and callbacks continue from the checkpoint, so
-    their settings there keep the values logged first (not tagged as changed)."""
+    resumed training's optimiser, scheduler and early stopping's patience continue from the
+    checkpoint, so those settings keep the values logged first (not tagged as changed)."""
     tracker.log_params(
         flatten(to_container(cfg)),
         restored=RESTORED_ON_RESUME if cfg.get("resume") is not None else (),
@@ -523,7 +523,12 @@ def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> Non
 
 RUN_ID_KEY = "mlflow_run_id"  # in the checkpoint's recsys entry: the run a resume continues
 # settings a resumed training takes from its checkpoint, not from the config
-RESTORED_ON_RESUME = ("training.optimizer.", "training.scheduler.", "callbacks.")
+# (Lightning restores early stopping's patience, not its other settings)
+RESTORED_ON_RESUME = (
+    "training.optimizer.",
+    "training.scheduler.",
+    "callbacks.early_stopping.patience",
+)
 
 
 def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:
