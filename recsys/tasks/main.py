@@ -67,7 +67,7 @@ def _run(cfg: DictConfig) -> MainResult:
     with use_tracker(None, cfg.logger, **run_settings) as tracker:
         # registered last: a job that fails in evaluation or scoring registers no version and
         # moves no alias (downstream scoring with <name>@<alias> keeps the previous model)
-        trained = train.run(cfg, tracker=tracker, register=False)
+        trained = train.run(cfg, tracker=tracker, register=False, checked=True)
         metrics = evaluate.run(
             cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, tracker=tracker
         )

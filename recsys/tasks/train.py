@@ -880,13 +880,20 @@ def register_model(cfg: DictConfig, tracker: Tracker) -> str | None:
     )
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None, *, register: bool = True) -> TrainResult:
+def run(
+    cfg: DictConfig,
+    tracker: Tracker | None = None,
+    *,
+    register: bool = True,
+    checked: bool = False,
+) -> TrainResult:
     """Train; with ``register`` (default) the packaged model is registered at the end (see
     :func:`register_model`). The main job passes ``register=False`` and registers after its
-    evaluation and scoring."""
+    evaluation and scoring, and ``checked=True``: it has run :func:`check_config` itself,
+    before opening its MLflow run."""
     check_required(cfg)  # before the run folder is held (created)
     with hold_run_folder(cfg):
-        return _run(cfg, tracker, register)
+        return _run(cfg, tracker, register, checked)
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -902,9 +909,12 @@ def check_config(cfg: DictConfig) -> None:
     check_registry(cfg.logger)
 
 
-def _run(cfg: DictConfig, tracker: Tracker | None, register: bool = True) -> TrainResult:
+def _run(
+    cfg: DictConfig, tracker: Tracker | None, register: bool = True, checked: bool = False
+) -> TrainResult:
     check_run_folder(cfg)
-    check_config(cfg)
+    if not checked:
+        check_config(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     initial, distillation = load_references(cfg)  # a reference to nothing: before preparing
     prepared_dir = _prepared(cfg)
