@@ -175,6 +175,14 @@ class ATRank(nn.Module):
         "score_temperature": None,
         "query_time": True,
     }
+    # the weights indexed by the vocabulary (recsys.model.transfer: init_from another log's
+    # model); the item -> attribute lookup is this run's data
+    VOCABULARY_ROWS = {
+        "item_bias": "item",
+        "embedding.item_embedding.weight": "item",
+        "embedding.attribute_embedding.weight": "attribute",
+        "embedding.item_attributes": "data",
+    }
 
     def __init__(
         self,

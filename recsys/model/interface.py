@@ -55,6 +55,9 @@ OPTIONAL_MEMBERS: dict[str, str] = {
     "re-rank head is not exported",
     "ARGUMENTS_BEFORE_THEY_EXISTED": "class dict: values of constructor arguments added after "
     "checkpoints were written",
+    "VOCABULARY_ROWS": "class dict: state-dict key -> 'item', 'attribute' or 'data' for "
+    "the tables indexed by the vocabulary (recsys.model.transfer), so that init_from may name "
+    "a model of another log; without it only a model of the same vocabulary",
 }
 
 
@@ -113,6 +116,8 @@ class TiedItemScores:
     head (SASRec, GRU4Rec): mix it in before ``nn.Module`` and call :meth:`_init_item_table`
     in ``__init__``. ``score = query · key``; ``rerank_scores`` is the retrieval score, so a
     two-stage ranking keeps the retrieval order."""
+
+    VOCABULARY_ROWS = {"item_embedding.weight": "item"}  # see recsys.model.transfer
 
     def _init_item_table(self, num_items: int, d_model: int, embedding_std: float | None) -> None:
         """``item_embedding`` (I, D) stored at std ``embedding_std`` (None: D^-1/2) and used

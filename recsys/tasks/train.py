@@ -40,6 +40,7 @@ from recsys.data.validate import check_number
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
 from recsys.model.interface import check_encoder
+from recsys.model.transfer import carry_over
 from recsys.model.transition import TransitionCounts
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
@@ -300,18 +301,26 @@ def load_references(cfg: DictConfig) -> tuple[Reference | None, dict | None]:
     )
 
 
-def reference_model(option: str, reference: Reference, datamodule: SeqRecDataModule) -> LoadedModel:
+def reference_model(
+    option: str, reference: Reference, datamodule: SeqRecDataModule, *, same_vocabulary=True
+) -> LoadedModel:
     """The trained model of ``reference`` (a checkpoint path, MLflow run id or
     ``<name>@<alias>``) that ``option`` names, refused unless it was trained on this run's
     training data (the same vocabulary, training counts included: another split or log gives
     another) with its window and time buckets, so that it reads this run's batches as it was
     trained to. (Not the data fingerprint, which also changes with settings that leave every
-    training row as it was.)"""
+    training row as it was.) ``same_vocabulary=False``: another vocabulary of the same
+    behaviours will do (``init_from``, which matches items by id)."""
     model, ref = reference.model, reference.ref
+    vocabulary = (
+        ("vocabulary", model.vocab.content_hash(), datamodule.vocab.content_hash())
+        if same_vocabulary
+        else ("behaviours", list(model.vocab.behaviors), list(datamodule.vocab.behaviors))
+    )
     differences = [
         (what, was, now)
         for what, was, now in (
-            ("vocabulary", model.vocab.content_hash(), datamodule.vocab.content_hash()),
+            vocabulary,
             ("data.max_seq_len", model.max_seq_len, datamodule.max_seq_len),
             ("data.time_buckets", asdict(model.time_buckets), asdict(datamodule.time_buckets)),
         )
@@ -330,19 +339,25 @@ def reference_model(option: str, reference: Reference, datamodule: SeqRecDataMod
 # initial weights it replaces (init_std; embedding_std and position_std also scale their
 # tables in every forward pass, so they change what the loaded weights compute)
 FREE_WHEN_INITIALISED = frozenset({"dropout", "init_std"})
+# ... and the sizes that come from the vocabulary, when init_from's model has another one
+VOCABULARY_SIZES = frozenset({"num_items", "num_attributes", "item_attribute_width"})
 
 
 def initialise_from(
     reference: Reference | None, encoder: torch.nn.Module, datamodule
 ) -> Reference | None:
     """``init_from`` (loaded by :func:`load_references`): start this training from another
-    model's weights (same data, same model settings but :data:`FREE_WHEN_INITIALISED`; the
-    training settings may differ). A new run with a fresh optimiser, unlike ``resume``.
-    Returns ``reference`` (``None``: not set)."""
+    model's weights (same model settings but :data:`FREE_WHEN_INITIALISED`; the training
+    settings may differ). A new run with a fresh optimiser, unlike ``resume``. A model of
+    other data (another night's log) needs the same behaviours, window and time buckets; its
+    item and attribute rows are carried over by id (:mod:`recsys.model.transfer`). Returns
+    ``reference`` (``None``: not set)."""
     if reference is None:
         return None
     ref = reference.ref
-    model = reference_model("init_from", reference, datamodule)
+    model = reference_model("init_from", reference, datamodule, same_vocabulary=False)
+    same_vocabulary = model.vocab.content_hash() == datamodule.vocab.content_hash()
+    free = FREE_WHEN_INITIALISED if same_vocabulary else FREE_WHEN_INITIALISED | VOCABULARY_SIZES
     source = model.encoder
     if type(source) is not type(encoder):
         raise ValueError(
@@ -352,7 +367,7 @@ def initialise_from(
     changed = {
         key: (value, encoder.config.get(key))
         for key, value in dict(source.config).items()
-        if key not in FREE_WHEN_INITIALISED and encoder.config.get(key) != value
+        if key not in free and encoder.config.get(key) != value
     }
     if changed:
         raise ValueError(
@@ -362,14 +377,27 @@ def initialise_from(
             )
             + "): use the model settings it was trained with"
         )
+    carried = None
     try:
-        encoder.load_state_dict(source.state_dict())
-    except RuntimeError as err:
+        if same_vocabulary:
+            encoder.load_state_dict(source.state_dict())
+        else:
+            carried = carry_over(source, model.vocab, encoder, datamodule.vocab)
+    except (RuntimeError, ValueError) as err:
         raise ValueError(
             f"init_from={ref}: its weights do not fit this run's model ({err}); use the model "
             "settings it was trained with"
         ) from err
-    log.info("initialised the model from %s", ref)
+    except LookupError as err:  # no item id in common
+        raise ValueError(f"init_from={ref}: {err}: name a model of this catalogue") from err
+    except TypeError as err:  # an encoder that does not list its vocabulary's tables
+        raise ValueError(f"init_from={ref}: {err}") from err
+    if carried is None:
+        log.info("initialised the model from %s", ref)
+    else:
+        log.info("initialised the model from %s (other data): %s", ref, carried.describe())
+        reference.tags["carried_items"] = f"{carried.items}/{carried.num_items}"
+        reference.tags["carried_attributes"] = f"{carried.attributes}/{carried.num_attributes}"
     return reference
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import polars as pl
 import pytest
 
+from recsys.checkpoint import load_checkpoint
 from recsys.data.io import DataError
 from recsys.data.pipeline import load_stats
 from recsys.tasks import evaluate, main, prepare, score, train
@@ -1149,6 +1150,28 @@ def test_a_training_starts_from_a_models_weights_and_distils_trained_teachers(
     )
     with pytest.raises(ValueError, match=r"training.distillation.teachers=.*vocabulary"):
         train.run(other)
+    # init_from a model of other data (another night's log): its rows follow the item ids
+    warm = train.run(
+        make_config(
+            "config",
+            [
+                *base,
+                "data.source.num_users=200",  # the same catalogue, other journeys
+                f"paths.run_dir={tmp_path / 'next'}",
+                f"init_from={ref}",
+                "training.optimizer.lr=1e-12",
+            ],
+        )
+    )
+    before, after = load_checkpoint(teacher.checkpoint), load_checkpoint(warm.checkpoint)
+    assert before.vocab.content_hash() != after.vocab.content_hash()
+    table = "embedding.item_embedding.weight"
+    was = dict(zip(before.vocab.item_ids(), before.encoder.state_dict()[table], strict=True))
+    now = dict(zip(after.vocab.item_ids(), after.encoder.state_dict()[table], strict=True))
+    shared = [item for item in now if item is not None and item in was]
+    assert 0 < len(shared) < len(now) - 2
+    for item in shared:
+        torch.testing.assert_close(now[item], was[item], atol=1e-6, rtol=0)
     both = make_config(
         "config", [*base, f"paths.run_dir={tmp_path / 'both'}", f"init_from={ref}", "resume=last"]
     )

@@ -1,0 +1,114 @@
+"""Carrying a trained encoder's weights into one built for another vocabulary (init_from a
+model of another log): rows matched by id, new ones fresh, every other weight copied."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+import torch
+
+from recsys.data.vocab import Vocab
+from recsys.model import ATRank
+from recsys.model.gru4rec import GRU4Rec
+from recsys.model.sasrec import SASRec
+from recsys.model.transfer import carry_over, vocabulary_rows
+from recsys.schema import NUM_RESERVED
+
+
+def vocab(item_ids: list, attributes: list[str], item_attributes: list[list[int]]) -> Vocab:
+    n = len(item_ids)
+    items = pl.DataFrame(
+        {
+            "item_id": item_ids,
+            "index": list(range(NUM_RESERVED, NUM_RESERVED + n)),
+            "attribute_indices": item_attributes,
+            "train_count": [n - i for i in range(n)],
+        },
+        schema_overrides={"index": pl.Int32, "attribute_indices": pl.List(pl.Int32)},
+    )
+    table = pl.DataFrame(
+        {
+            "attribute": attributes,
+            "index": list(range(NUM_RESERVED, NUM_RESERVED + len(attributes))),
+        },
+        schema_overrides={"index": pl.Int32},
+    )
+    return Vocab(items=items, attributes=table, behaviors=("view", "buy"))
+
+
+# last night: items 10, 11, 12, 13; tonight: 12 and 10 again (in another order), 20, 21 new,
+# 11 and 13 gone; attribute "b" again, "c" new, "a" gone
+OLD = vocab([10, 11, 12, 13], ["a", "b"], [[2], [3], [2, 3], [3]])
+NEW = vocab([12, 20, 10, 21], ["c", "b"], [[3], [2], [3], [2]])
+
+
+def atrank(v: Vocab, seed: int) -> ATRank:
+    torch.manual_seed(seed)
+    model = ATRank(
+        num_items=v.num_items,
+        num_attributes=v.num_attributes,
+        item_attribute_width=v.attribute_width,
+        num_behaviors=v.num_behaviors,
+        num_time_buckets=5,
+        max_seq_len=6,
+        d_model=8,
+        item_bias=True,
+    )
+    model.set_item_attributes(torch.tensor(v.item_attribute_table(), dtype=torch.long))
+    with torch.no_grad():
+        model.item_bias.normal_()  # (zeros when built: make the rows tell apart)
+    return model
+
+
+def test_rows_follow_the_ids_new_ones_stay_fresh_and_the_rest_is_copied():
+    old, new = atrank(OLD, seed=0), atrank(NEW, seed=1)
+    fresh = {k: v.clone() for k, v in new.state_dict().items()}
+    carried = carry_over(old, OLD, new, NEW)
+    assert (carried.items, carried.num_items, carried.attributes, carried.num_attributes) == (
+        2,
+        4,
+        1,
+        2,
+    )
+    was, now = old.state_dict(), new.state_dict()
+    # item index in OLD / NEW: 10 -> 2 / 4, 12 -> 4 / 2; new items 20, 21 at 3, 5
+    for key in ("embedding.item_embedding.weight", "item_bias"):
+        torch.testing.assert_close(now[key][[0, 1]], was[key][[0, 1]])  # PAD, UNK
+        torch.testing.assert_close(now[key][[4, 2]], was[key][[2, 4]])  # 10, 12 by id
+        torch.testing.assert_close(now[key][[3, 5]], fresh[key][[3, 5]])  # 20, 21: as built
+    # attribute "b": index 3 in both; "c" (index 2) new
+    key = "embedding.attribute_embedding.weight"
+    torch.testing.assert_close(now[key][3], was[key][3])
+    torch.testing.assert_close(now[key][2], fresh[key][2])
+    # this run's item -> attribute lookup stays; every other weight is the trained model's
+    torch.testing.assert_close(now["embedding.item_attributes"], fresh["embedding.item_attributes"])
+    rows = vocabulary_rows(new)
+    for key, value in now.items():
+        if key not in rows:
+            torch.testing.assert_close(value, was[key])
+
+
+@pytest.mark.parametrize("cls", [SASRec, GRU4Rec])
+def test_the_tied_item_encoders_carry_their_item_table(cls):
+    torch.manual_seed(0)
+    old = cls(num_items=OLD.num_items, max_seq_len=6, d_model=8)
+    new = cls(num_items=NEW.num_items, max_seq_len=6, d_model=8)
+    carry_over(old, OLD, new, NEW)
+    table = new.item_embedding.weight
+    torch.testing.assert_close(table[[4, 2]], old.item_embedding.weight[[2, 4]])
+
+
+def test_a_vocabulary_of_other_ids_is_refused_naming_both_id_types():
+    other = vocab(["10", "12"], ["b"], [[2], [2]])  # the same ids, read as text
+    with pytest.raises(LookupError, match=r"shares no item id.*Int64.*\[10, 11, 12\].*String"):
+        carry_over(atrank(OLD, 0), OLD, atrank(other, 1), other)
+
+
+def test_an_encoder_without_vocabulary_rows_is_refused_by_name():
+    class Plain(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(6, 4)
+
+    with pytest.raises(TypeError, match=r"Plain does not say.*VOCABULARY_ROWS"):
+        carry_over(Plain(), OLD, Plain(), NEW)
