@@ -13,6 +13,7 @@ from recsys.model.gru4rec import GRU4Rec
 from recsys.model.sasrec import SASRec
 from recsys.model.transfer import carry_over, vocabulary_rows
 from recsys.schema import NUM_RESERVED
+from tests.unit.test_export import ENCODERS, make_encoder
 
 
 def vocab(item_ids: list, attributes: list[str], item_attributes: list[list[int]]) -> Vocab:
@@ -112,3 +113,15 @@ def test_an_encoder_without_vocabulary_rows_is_refused_by_name():
 
     with pytest.raises(TypeError, match=r"Plain does not say.*VOCABULARY_ROWS"):
         carry_over(Plain(), OLD, Plain(), NEW)
+
+
+@pytest.mark.parametrize("kind", ENCODERS)
+def test_every_encoder_names_its_vocabulary_tables(kind):
+    """Every encoder variant recsys ships lists state-dict entries it has, and each of them is
+    a table of its catalogue's or attributes' size."""
+    encoder = make_encoder(kind)
+    sizes = {"item": encoder.num_items, "attribute": encoder.config.get("num_attributes")}
+    state = encoder.state_dict()
+    for key, kind_of_rows in vocabulary_rows(encoder).items():
+        if kind_of_rows != "data":
+            assert state[key].shape[0] == sizes[kind_of_rows], key
