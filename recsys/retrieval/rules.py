@@ -5,7 +5,9 @@ recommendations and to the cold-start fallback:
   (``[purchase]``: only what the user has already bought);
 - ``allow_list`` / ``deny_list``: a file of item ids (CSV or Parquet with an ``item_id`` column
   or a single column, or a text file with one id per line) or an inline list; only allowed
-  items are returned, deny-listed ones never;
+  items are returned, deny-listed ones never. A one-column CSV may lack a header line (its
+  first line is then an id of the catalogue); an allow list none of whose ids is in the
+  catalogue is refused, as an empty one is;
 - ``max_per_category``: at most M items of one category in a user's list (see
   :mod:`recsys.retrieval.catalogue` for what an item's category is);
 - ``target_behavior``: the behaviour the ranking is for (``purchase``); it must be one the
@@ -137,10 +139,12 @@ def _list_path(source: str, name: str) -> Path:
     return path
 
 
-def read_item_list(source: str | Sequence, name: str) -> pl.Series:
-    """Item ids from an inline list or a file (see the module docstring)."""
+def read_item_list(source: str | Sequence, name: str) -> tuple[pl.Series, str | None]:
+    """Item ids from an inline list or a file (see the module docstring), and the header of a
+    one-column CSV without an ``item_id`` column (``None`` otherwise): an id itself when the
+    file has no header, which only the catalogue can tell (:func:`_list_indices`)."""
     if not isinstance(source, str):
-        return pl.Series(ITEM, list(source))
+        return pl.Series(ITEM, list(source)), None
     path = _list_path(source, name)
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
@@ -158,9 +162,9 @@ def read_item_list(source: str | Sequence, name: str) -> pl.Series:
             f"retrieval.rules.{name}: {path} is a {suffix} file; use .csv, .parquet or .txt"
         )
     if ITEM in frame.columns:
-        return frame[ITEM]
+        return frame[ITEM], None
     if frame.width == 1:
-        return frame.to_series().alias(ITEM)
+        return frame.to_series().alias(ITEM), frame.columns[0] if suffix == ".csv" else None
     raise DataError(
         f"retrieval.rules.{name}: {path} has columns {frame.columns}; give it an {ITEM!r} "
         "column (or a single column of ids)"
@@ -168,7 +172,11 @@ def read_item_list(source: str | Sequence, name: str) -> pl.Series:
 
 
 def _list_indices(source, catalogue: Catalogue, name: str) -> torch.Tensor:
-    ids = read_item_list(source, name)
+    ids, header = read_item_list(source, name)
+    if header is not None and catalogue.index_of(pl.Series(ITEM, [header]))[0] >= NUM_RESERVED:
+        # a one-column CSV of ids without a header line: its first line is an id too
+        log.info("retrieval.rules.%s: %s has no header line; its first line is an id", name, source)
+        ids = pl.concat([pl.Series(ITEM, [header], dtype=ids.dtype), ids])
     if ids.len() == 0 and name == "deny_list":  # a nightly file of nothing out of stock
         log.info("retrieval.rules.deny_list lists no item today: nothing is denied")
         return torch.zeros(0, dtype=torch.long)
@@ -179,6 +187,13 @@ def _list_indices(source, catalogue: Catalogue, name: str) -> torch.Tensor:
         )
     index = torch.from_numpy(catalogue.index_of(ids))
     unknown = int((index < NUM_RESERVED).sum())
+    if unknown == ids.len() and name == "allow_list":
+        raise DataError(
+            f"retrieval.rules.allow_list: none of its {ids.len()} ids (e.g. "
+            f"{ids.head(3).to_list()}) is in the catalogue (model vocabulary + scoring log), "
+            "which allows no item: list ids of the catalogue (as the log writes them), or set "
+            "it to null to allow every item"
+        )
     if unknown:
         log.warning(
             "retrieval.rules.%s: %d of %d ids are not in the catalogue (model vocabulary + "

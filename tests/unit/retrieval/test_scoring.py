@@ -155,6 +155,30 @@ def test_item_lists_as_a_notebook_holds_them(setup, tmp_path, as_given, rule):
     assert _score(model, events, rules={rule: given}).equals(expected)
 
 
+def test_a_one_column_csv_without_a_header_loses_no_id(setup, tmp_path):
+    """A CSV of ids with no header line: its first line is an id (it was read as the column's
+    name, so that item was neither denied nor allowed); a header that is no id stays one."""
+    model, events = setup
+    ids = model.vocab.items[ITEM].head(3).to_list()
+    for rule in ("allow_list", "deny_list"):
+        expected = _score(model, events, rules={rule: ids})
+        (tmp_path / "bare.csv").write_text("".join(f"{i}\n" for i in ids))
+        (tmp_path / "sku.csv").write_text("sku\n" + "".join(f"{i}\n" for i in ids))
+        for name in ("bare.csv", "sku.csv"):
+            assert_frame_equal(_score(model, events, rules={rule: str(tmp_path / name)}), expected)
+    (tmp_path / "one.csv").write_text(f"{ids[0]}\n")  # one line: it was an empty list
+    denied = _score(model, events, rules={"deny_list": str(tmp_path / "one.csv")})
+    assert_frame_equal(denied, _score(model, events, rules={"deny_list": ids[:1]}))
+
+
+def test_an_allow_list_of_no_catalogue_item_is_refused(setup):
+    """It allowed no item, so every user got nothing, after a warning that its ids 'have no
+    effect'; an empty allow list was already refused."""
+    model, events = setup
+    with pytest.raises(DataError, match=r"allow_list: none of its 2 ids .*\[-5, -6\].*null"):
+        _score(model, events, rules={"allow_list": [-5, -6]})
+
+
 def test_an_item_list_that_is_no_list_is_named(setup):
     model, events = setup
     with pytest.raises(ValueError, match=r"retrieval.rules.deny_list=5: .* list of item ids"):
