@@ -85,6 +85,7 @@ from recsys.data.validate import (
     BadRowPolicy,
     attribute_list,
     attribute_sets,
+    canonical_id_type,
     check_number,
     classify,
     enforce,
@@ -198,10 +199,6 @@ def load_events(
     policy = bad_rows or BadRowPolicy()
     name = describe_source(source)
     lf = scan_events(source, schema).with_row_index(ROW)
-    if isinstance(lf.collect_schema()[ITEM], (pl.Categorical, pl.Enum)):
-        # a pandas ``category`` column or a dictionary-encoded Parquet one: the ids are its
-        # values, and polars casts categories only to text (to meet an integer vocabulary)
-        lf = lf.with_columns(pl.col(ITEM).cast(pl.String))
     as_of = as_of or datetime.now(UTC)
     classified = _collect(
         lf.pipe(normalize, schema=schema).pipe(classify, as_of=as_of), name
@@ -884,8 +881,8 @@ def _item_table(
     columns = dict(item_columns or DEFAULT_ITEM_COLUMNS)
     lf = scan_items(items, columns)
     types = lf.collect_schema()
-    if isinstance(types[ITEM], (pl.Categorical, pl.Enum)):  # a pandas category column: its values
-        lf = lf.with_columns(pl.col(ITEM).cast(pl.String))
+    if (cast := canonical_id_type(types[ITEM])) is not None:  # as the log's ids are prepared
+        lf = lf.with_columns(pl.col(ITEM).cast(cast))
         types = lf.collect_schema()
     name = describe_source(items)
     _check_item_table(lf, types, columns, schema, item_dtype, name)

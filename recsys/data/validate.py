@@ -305,6 +305,18 @@ def _map_behaviors(raw: pl.Expr, aliases: dict[str, str], behaviors: list[str]) 
     return pl.lit(behavior_of_name).gather(raw.cast(pl.Enum(names), strict=False).to_physical())
 
 
+def canonical_id_type(dtype: pl.DataType) -> pl.DataType | None:
+    """The type user and item ids are prepared in, where ``dtype`` is not it (``None``): the
+    values of a Categorical / Enum (a pandas ``category`` column, a dictionary-encoded Parquet
+    one) as text, and integers narrower than 64 bits as Int64. So the same ids hash, fingerprint
+    and round-trip through a checkpoint alike whatever type the export gave them."""
+    if isinstance(dtype, (pl.Categorical, pl.Enum)):
+        return pl.String
+    if dtype.is_integer() and dtype not in (pl.Int64, pl.UInt64):
+        return pl.Int64
+    return None
+
+
 def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
     """Cast a canonical-named log to canonical types (lazy; bad values become nulls here and
     are labelled by :func:`classify`).
@@ -319,7 +331,11 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
     """
     types = lf.collect_schema()
     aliases = {**{b: b for b in schema.behaviors}, **schema.behavior_aliases}
-    columns = []
+    columns = [
+        pl.col(column).cast(cast)
+        for column in (USER, ITEM)
+        if (cast := canonical_id_type(types[column])) is not None
+    ]
     if TIMESTAMP in types:
         columns += [
             pl.col(TIMESTAMP).alias(RAW_TIMESTAMP),  # input type; text only where quoted

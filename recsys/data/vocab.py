@@ -295,6 +295,7 @@ class Vocab:
         """Plain lists only: safe inside a ``weights_only`` checkpoint."""
         return {
             "item_id": self.items[ITEM].to_list(),
+            "item_id_type": str(self.items.schema[ITEM]),  # (Python ints: Int64 or UInt64)
             "item_attributes": self.items[ATTRIBUTE_INDICES].to_list(),
             "item_train_count": self.items[TRAIN_COUNT].to_list(),
             "attribute": self.attributes[ATTRIBUTE].to_list(),
@@ -304,9 +305,11 @@ class Vocab:
     @classmethod
     def from_plain(cls, plain: dict) -> Vocab:
         n_items, n_attributes = len(plain["item_id"]), len(plain["attribute"])
+        # the ids' type as prepared (a checkpoint written before it was kept: inferred)
+        id_type = _ID_TYPES.get(plain.get("item_id_type"))
         items = pl.DataFrame(
             {
-                ITEM: plain["item_id"],
+                ITEM: pl.Series(plain["item_id"], dtype=id_type),
                 INDEX: pl.int_range(NUM_RESERVED, NUM_RESERVED + n_items, eager=True),
                 ATTRIBUTE_INDICES: pl.Series(plain["item_attributes"], dtype=pl.List(pl.Int32)),
                 TRAIN_COUNT: plain["item_train_count"],
@@ -336,6 +339,10 @@ class Vocab:
         ):
             _feed(digest, label, series)
         return digest.hexdigest()
+
+
+# the types prepared ids come in (recsys.data.validate.canonical_id_type), by name
+_ID_TYPES = {str(dtype): dtype for dtype in (pl.Int64, pl.UInt64, pl.String, pl.Float64)}
 
 
 def _feed(digest, label: str, series: pl.Series) -> None:
