@@ -252,7 +252,9 @@ class NegativeSampler:
     ) -> torch.Tensor:
         """Item indices of ``shape`` (long), on ``device``."""
         count = math.prod(shape)
-        if self.kind == "uniform":
+        if count == 0:  # a batch with no trained position (torch.multinomial refuses 0)
+            drawn = torch.zeros(0, dtype=torch.long)
+        elif self.kind == "uniform":
             drawn = torch.randint(NUM_RESERVED, self.num_items, (count,), generator=generator)
         else:
             drawn = torch.multinomial(self.probs, count, replacement=True, generator=generator)

@@ -408,14 +408,18 @@ class SeqRecModule(pl.LightningModule):
             has_target = has_target & (self._target_weight(batch.target_behavior) > 0)
         return has_target
 
-    def _retrieval_loss(self, output, batch: SeqBatch, has_target: torch.Tensor) -> torch.Tensor:
+    def _retrieval_loss(
+        self, output, batch: SeqBatch, has_target: torch.Tensor, seen: SeqBatch
+    ) -> torch.Tensor:
+        """``seen``: the batch whose input items ``exclude_seen_from_loss`` leaves out (the
+        batch before ``input_mask_prob`` masked it: a masked item is still the user's)."""
         weight = self._target_weight(batch.target_behavior[has_target])
         hidden = output.hidden[has_target]  # (M, D)
         target = batch.target_item[has_target]  # (M,)
         if self.loss_name == "full_softmax":
             logits = self.encoder.score_items(hidden)  # (M, I)
             if self.exclude_seen_from_loss:
-                logits = exclude_items(logits, earlier_items(batch, has_target))
+                logits = exclude_items(logits, earlier_items(seen, has_target))
             return losses.full_softmax(logits, target, weight, self.label_smoothing)
         negative_items = self._draw_negatives(len(target))
         positive = self.encoder.score_candidates(hidden, target[:, None])[:, 0]
@@ -464,7 +468,7 @@ class SeqRecModule(pl.LightningModule):
             loss = self._target_attention_loss(output, batch)
         else:
             trained = self._trained_positions(batch)  # (B, T), shared with the auxiliary losses
-            loss = self._retrieval_loss(output, batch, trained)
+            loss = self._retrieval_loss(output, batch, trained, seen=unmasked)
         self._log_train(f"{self.loss_name}_loss", loss, batch)
         # auxiliary losses: (name, weight, how to compute it); the first two need trained
         # positions, which the constructor guarantees (retrieval objective only)
@@ -545,9 +549,10 @@ class SeqRecModule(pl.LightningModule):
         log-probabilities (a product of experts, renormalised), both over the same items (with
         ``exclude_seen_from_loss`` each position's earlier items are left out of both). The
         teachers read ``teacher_batch`` (the batch before ``input_mask_prob`` masked it: their
-        distribution is that of the real history), else ``batch``."""
+        distribution is that of the real history), else ``batch``; its input items are also
+        the earlier items left out of both."""
         teacher_batch = batch if teacher_batch is None else teacher_batch
-        earlier = earlier_items(batch, trained) if self.exclude_seen_from_loss else None
+        earlier = earlier_items(teacher_batch, trained) if self.exclude_seen_from_loss else None
         temperature = self.distill_temperature
 
         def scores(encoder: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -591,8 +596,8 @@ class SeqRecModule(pl.LightningModule):
         per_row = F.cross_entropy(  # the true item is candidate 0
             logits[valid].float(), torch.zeros_like(target[valid]), reduction="none"
         )
-        if not per_row.numel():  # no target of this objective in the batch
-            return logits.sum() * 0.0
+        if not per_row.numel():  # no target of this objective in the batch: 0, in the graph
+            return logits[valid].sum()  # (not logits.sum() * 0: an UNK candidate's -inf -> NaN)
         return losses.weighted_mean(per_row, None if weight is None else weight[valid])
 
     # -- evaluation -------------------------------------------------------------------------
