@@ -211,6 +211,21 @@ def recording_sampler(m):
     return drawn
 
 
+def tiny_atrank(items: int, width: int, causal: bool) -> ATRank:
+    return ATRank(
+        num_items=items,
+        num_attributes=5,
+        num_behaviors=5,
+        num_time_buckets=6,
+        max_seq_len=width,
+        d_model=8,
+        num_heads=2,
+        num_layers=1,
+        dropout=0.0,
+        causal=causal,
+    )
+
+
 @pytest.mark.parametrize("chunk", range(2))
 def test_training_step_matches_a_per_position_reference(chunk):
     """Retrieval objective: which positions are trained (padding, UNK targets, causal vs last
@@ -224,18 +239,7 @@ def test_training_step_matches_a_per_position_reference(chunk):
         items, rows, width = rng.randint(6, 15), rng.randint(1, 4), rng.randint(1, 5)
         causal = rng.random() < 0.7
         if rng.random() < 0.5 or not causal:
-            enc = ATRank(
-                num_items=items,
-                num_attributes=5,
-                num_behaviors=5,
-                num_time_buckets=6,
-                max_seq_len=width,
-                d_model=8,
-                num_heads=2,
-                num_layers=1,
-                dropout=0.0,
-                causal=causal,
-            )
+            enc = tiny_atrank(items, width, causal)
         else:
             enc = SASRec(
                 num_items=items,
@@ -332,18 +336,7 @@ def test_target_attention_objective_matches_reference():
         torch.manual_seed(seed)
         items, rows, width = rng.randint(6, 15), rng.randint(1, 4), rng.randint(1, 5)
         causal = rng.random() < 0.5
-        enc = ATRank(
-            num_items=items,
-            num_attributes=5,
-            num_behaviors=5,
-            num_time_buckets=6,
-            max_seq_len=width,
-            d_model=8,
-            num_heads=2,
-            num_layers=1,
-            dropout=0.0,
-            causal=causal,
-        )
+        enc = tiny_atrank(items, width, causal)
         loss = rng.choice(["sampled_softmax", "bce", "gbce"])
         kw = dict(
             loss=loss,
