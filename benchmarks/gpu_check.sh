@@ -6,9 +6,12 @@
 #
 # 1. the tests marked gpu (the main job on CUDA, its scoring against the CPU's, a resumed
 #    training on the GPU repeating an uninterrupted one, dropout);
-# 2. the unit tests, where trainer.accelerator=auto now means the GPU (test files that import
-#    mlflow fail to collect where it is absent; the others run);
-# 3. the main job's wall time with trainer=gpu and with the CPU only, side by side.
+# 2. training speed on an ML-1M-like synthetic log (6,000 users of ~150 events, windows of 200),
+#    GPU (bf16-mixed) against the machine's CPU cores (float32), side by side
+#    (benchmarks/train_benchmark.py);
+# 3. the main job's wall time with trainer=gpu and with the CPU only, side by side;
+# 4. the unit tests, where trainer.accelerator=auto now means the GPU (test files that import
+#    mlflow fail to collect where it is absent; the others run).
 # Each step's output goes to LOG_DIR (default: a temporary folder) and a summary to stdout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,10 +42,13 @@ step() {  # step NAME TIMEOUT COMMAND...: run, keep the log, print the last line
 
 step gpu_tests 200 python -m pytest -q -p no:cacheprovider -m gpu -rs \
     tests/unit/model/test_layers.py tests/integration/test_pipelines.py
+step train_speed 300 python -m benchmarks.train_benchmark --accelerators gpu,cpu --epochs 3 \
+    --json "$LOG_DIR/train_speed.json" data.source.num_users=6000 data.source.num_items=3400 \
+    +data.source.sessions_per_user=30 data.max_seq_len=200
 step main_job_gpu 120 python -m pipelines.run trainer=gpu logger=none \
     "paths.output_dir=$WORK/gpu"
 step main_job_cpu 120 python -m pipelines.run trainer.accelerator=cpu retrieval.accelerator=cpu \
     logger=none "paths.output_dir=$WORK/cpu"
-step unit_tests 150 python -m pytest -q -p no:cacheprovider -rf --continue-on-collection-errors \
+step unit_tests 240 python -m pytest -q -p no:cacheprovider -rf --continue-on-collection-errors \
     tests/unit
 rm -rf "$WORK"

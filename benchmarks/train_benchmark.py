@@ -1,0 +1,128 @@
+"""Training speed on CPU and GPU, side by side, on a synthetic log of a chosen size.
+
+    python -m benchmarks.train_benchmark                                  # CPU only here
+    python -m benchmarks.train_benchmark --accelerators cpu,gpu --epochs 4 \
+        data.source.num_users=6000 data.source.num_items=3400 \
+        +data.source.sessions_per_user=30 data.max_seq_len=200             # ML-1M-like lengths
+
+Each accelerator trains the same configuration (``conf/config.yaml``, the default data and
+model, plus the Hydra overrides given after the options) for ``--epochs`` epochs through
+``recsys.tasks.train``: ``cpu`` is ``trainer.accelerator=cpu`` (float32), ``gpu`` is
+``trainer=gpu`` (bf16-mixed). Early stopping is off, so every run trains the same epochs.
+Printed per accelerator: the median seconds of a training epoch after the first (which holds
+the warm-up; validation excluded, as ``time/train_seconds`` counts it), training events per
+second, the last validation NDCG@10, and the ratio against the first accelerator listed.
+Figures, not a test: see ``benchmarks/README.md``, "Training speed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("benchmarks.train")
+ACCELERATORS = {
+    "cpu": ["trainer.accelerator=cpu", "retrieval.accelerator=cpu"],
+    "gpu": ["trainer=gpu", "retrieval.accelerator=gpu"],
+}
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import recsys.config  # noqa: F401  (the ${abspath:} resolver)
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def epoch_seconds(history: list[dict[str, float]]) -> list[float]:
+    """Seconds of each training epoch, from the clock's cumulative ``train_seconds``."""
+    totals = [entry["train_seconds"] for entry in history]
+    return [b - a for a, b in zip([0.0, *totals], totals, strict=False)]
+
+
+def train_events(prepared_dir: Path) -> int:
+    stats = json.loads((prepared_dir / "stats.json").read_text())
+    return int(stats["train_events"])
+
+
+def run_one(accelerator: str, epochs: int, extra: list[str], work: Path) -> dict:
+    from recsys.tasks import train
+
+    cfg = compose(
+        [
+            *extra,
+            *ACCELERATORS[accelerator],
+            f"trainer.max_epochs={epochs}",
+            "callbacks.early_stopping=null",
+            "logger=none",
+            "trainer.enable_progress_bar=false",
+            f"paths.run_dir={work / accelerator}",
+            f"paths.output_dir={work}",
+        ]
+    )
+    trained = train.run(cfg, register=False)
+    seconds = epoch_seconds(trained.history or [])
+    steady = seconds[1:] or seconds
+    events = train_events(trained.prepared_dir)
+    return {
+        "accelerator": accelerator,
+        "precision": str(cfg.trainer.precision),
+        "epochs": len(seconds),
+        "epoch_seconds": seconds,
+        "median_epoch_seconds": statistics.median(steady),
+        "train_events": events,
+        "events_per_second": events / statistics.median(steady),
+        "val_ndcg_at_10": (trained.history or [{}])[-1].get("val/ndcg_at_10"),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    base = rows[0]["median_epoch_seconds"]
+    lines = [
+        "| accelerator | precision | epochs | s / epoch (median after the first) "
+        "| training events / s | val NDCG@10 | speed-up | each epoch (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['accelerator']} | {r['precision']} | {r['epochs']} "
+            f"| {r['median_epoch_seconds']:.2f} | {r['events_per_second']:,.0f} "
+            f"| {r['val_ndcg_at_10']:.4f} | {base / r['median_epoch_seconds']:.2f}x "
+            f"| {' / '.join(f'{s:.1f}' for s in r['epoch_seconds'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--accelerators", default="cpu", help="comma-separated: cpu, gpu")
+    parser.add_argument("--epochs", type=int, default=3, help="training epochs per run (>= 2)")
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    accelerators = [a.strip() for a in args.accelerators.split(",") if a.strip()]
+    unknown = sorted(set(accelerators) - set(ACCELERATORS))
+    if unknown or not accelerators:
+        parser.error(f"--accelerators: {unknown or 'none'}; choose from {sorted(ACCELERATORS)}")
+    if args.epochs < 2:
+        parser.error("--epochs must be >= 2: the first epoch holds the warm-up")
+    with tempfile.TemporaryDirectory(prefix="train_benchmark_") as tmp:
+        rows = [run_one(a, args.epochs, args.overrides, Path(tmp)) for a in accelerators]
+    sys.stdout.write(table(rows) + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""benchmarks/train_benchmark.py: a tiny CPU run prints its table and writes its figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import train_benchmark
+
+
+def test_a_tiny_cpu_run_reports_each_epoch_and_its_steady_speed(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    code = train_benchmark.main(
+        [
+            "--epochs",
+            "3",
+            "--json",
+            str(out),
+            "data.source.num_users=120",
+            "data.source.num_items=80",
+            "data.source.num_categories=8",
+        ]
+    )
+    assert code == 0
+    (row,) = json.loads(out.read_text())
+    assert row["accelerator"] == "cpu" and row["precision"] == "32-true"
+    assert row["epochs"] == 3 and len(row["epoch_seconds"]) == 3
+    assert all(s > 0 for s in row["epoch_seconds"])
+    steady = sorted(row["epoch_seconds"][1:])
+    assert row["median_epoch_seconds"] == pytest.approx(sum(steady) / 2)
+    assert row["train_events"] > 0
+    assert row["events_per_second"] == pytest.approx(
+        row["train_events"] / row["median_epoch_seconds"]
+    )
+    assert 0 <= row["val_ndcg_at_10"] <= 1
+    table = capsys.readouterr().out
+    assert "| cpu | 32-true | 3 |" in table and "| 1.00x |" in table
+
+
+def test_epoch_seconds_come_from_the_clocks_running_total():
+    history = [{"train_seconds": 2.0}, {"train_seconds": 3.5}, {"train_seconds": 4.0}]
+    assert train_benchmark.epoch_seconds(history) == [2.0, 1.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--epochs", "1"], "--epochs must be >= 2"), (["--accelerators", "tpu"], "tpu")],
+)
+def test_bad_options_are_refused_by_name(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train_benchmark.main(argv)
+    assert message in capsys.readouterr().err
