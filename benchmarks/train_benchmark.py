@@ -1,17 +1,25 @@
-"""Training speed on CPU and GPU, side by side, on a synthetic log of a chosen size.
+"""Training speed on CPU and GPU, side by side, on a synthetic log of a chosen size (or any
+data the overrides name).
 
     python -m benchmarks.train_benchmark                                  # CPU only here
     python -m benchmarks.train_benchmark --accelerators cpu,gpu --epochs 4 \
         data.source.num_users=6000 data.source.num_items=3400 \
         +data.source.sessions_per_user=30 data.max_seq_len=200             # ML-1M-like lengths
+    python -m benchmarks.train_benchmark --logit-chunks off,on experiment=ml1m  # CPU A/B
 
 Each accelerator trains the same configuration (``conf/config.yaml``, the default data and
 model, plus the Hydra overrides given after the options) for ``--epochs`` epochs through
 ``recsys.tasks.train``: ``cpu`` is ``trainer.accelerator=cpu`` (float32), ``gpu`` is
 ``trainer=gpu`` (bf16-mixed). Early stopping is off, so every run trains the same epochs.
-Printed per accelerator: the median seconds of a training epoch after the first (which holds
+``--logit-chunks off`` makes a CPU run compute the full softmax's logits as one table however
+large (``on``, the default: in chunks under glibc's mmap threshold,
+``recsys.training.module._full_softmax_rows``); with ``off,on`` each accelerator runs both
+ways, one after the other.
+
+Printed per run: the median seconds of a training epoch after the first (which holds
 the warm-up; validation excluded, as ``time/train_seconds`` counts it), training events per
-second, the last validation NDCG@10, and the ratio against the first accelerator listed.
+second, the last validation NDCG@10, each epoch's seconds, and the speed-up against the
+first row.
 Figures, not a test: see ``benchmarks/README.md``, "Training speed".
 """
 
@@ -54,8 +62,13 @@ def train_events(prepared_dir: Path) -> int:
     return int(stats["train_events"])
 
 
-def run_one(accelerator: str, epochs: int, extra: list[str], work: Path) -> dict:
+def run_one(accelerator: str, chunks: str, epochs: int, extra: list[str], work: Path) -> dict:
     from recsys.tasks import train
+    from recsys.training import module
+
+    threshold = module.MMAP_THRESHOLD_MAX
+    if chunks == "off":
+        module.MMAP_THRESHOLD_MAX = 2**62
 
     cfg = compose(
         [
@@ -65,16 +78,20 @@ def run_one(accelerator: str, epochs: int, extra: list[str], work: Path) -> dict
             "callbacks.early_stopping=null",
             "logger=none",
             "trainer.enable_progress_bar=false",
-            f"paths.run_dir={work / accelerator}",
+            f"paths.run_dir={work / f'{accelerator}-{chunks}'}",
             f"paths.output_dir={work}",
         ]
     )
-    trained = train.run(cfg, register=False)
+    try:
+        trained = train.run(cfg, register=False)
+    finally:
+        module.MMAP_THRESHOLD_MAX = threshold
     seconds = epoch_seconds(trained.history or [])
     steady = seconds[1:] or seconds
     events = train_events(trained.prepared_dir)
     return {
         "accelerator": accelerator,
+        "logit_chunks": chunks,
         "precision": str(cfg.trainer.precision),
         "epochs": len(seconds),
         "epoch_seconds": seconds,
@@ -88,13 +105,13 @@ def run_one(accelerator: str, epochs: int, extra: list[str], work: Path) -> dict
 def table(rows: list[dict]) -> str:
     base = rows[0]["median_epoch_seconds"]
     lines = [
-        "| accelerator | precision | epochs | s / epoch (median after the first) "
+        "| accelerator | logit chunks | precision | epochs | s / epoch (median after the first) "
         "| training events / s | val NDCG@10 | speed-up | each epoch (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['accelerator']} | {r['precision']} | {r['epochs']} "
+            f"| {r['accelerator']} | {r['logit_chunks']} | {r['precision']} | {r['epochs']} "
             f"| {r['median_epoch_seconds']:.2f} | {r['events_per_second']:,.0f} "
             f"| {r['val_ndcg_at_10']:.4f} | {base / r['median_epoch_seconds']:.2f}x "
             f"| {' / '.join(f'{s:.1f}' for s in r['epoch_seconds'])} |"
@@ -106,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--accelerators", default="cpu", help="comma-separated: cpu, gpu")
     parser.add_argument("--epochs", type=int, default=3, help="training epochs per run (>= 2)")
+    parser.add_argument(
+        "--logit-chunks", default="on", help="comma-separated: on, off (CPU runs; see above)"
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
@@ -114,10 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(accelerators) - set(ACCELERATORS))
     if unknown or not accelerators:
         parser.error(f"--accelerators: {unknown or 'none'}; choose from {sorted(ACCELERATORS)}")
+    chunks = [c.strip() for c in args.logit_chunks.split(",") if c.strip()]
+    if not chunks or set(chunks) - {"on", "off"}:
+        parser.error(f"--logit-chunks {args.logit_chunks!r}: a comma-separated list of on, off")
     if args.epochs < 2:
         parser.error("--epochs must be >= 2: the first epoch holds the warm-up")
     with tempfile.TemporaryDirectory(prefix="train_benchmark_") as tmp:
-        rows = [run_one(a, args.epochs, args.overrides, Path(tmp)) for a in accelerators]
+        rows = [
+            run_one(a, c, args.epochs, args.overrides, Path(tmp))
+            for a in accelerators
+            for c in chunks
+        ]
     sys.stdout.write(table(rows) + "\n")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

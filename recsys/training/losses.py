@@ -69,22 +69,30 @@ def full_softmax(
     weight: torch.Tensor | None = None,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """Cross-entropy over the catalogue; with ``label_smoothing`` ε the target distribution is
-    ``(1 - ε) · one-hot + ε · uniform`` over the items that can be scored (finite logits, so
-    PAD and UNK at -inf are left out, where torch's own option would give an infinite loss):
-    ``(1 - ε) · (-log p_target) + ε · mean_j(-log p_j)``.
+    """Cross-entropy over the catalogue, the weighted mean of :func:`full_softmax_rows`.
 
     Shapes: logits (M, I) over the catalogue, target (M,), weight (M,) or None -> ().
     """
+    return weighted_mean(full_softmax_rows(logits, target, label_smoothing), weight)
+
+
+def full_softmax_rows(
+    logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """Each row's cross-entropy over the catalogue; with ``label_smoothing`` ε the target
+    distribution is ``(1 - ε) · one-hot + ε · uniform`` over the items that can be scored
+    (finite logits, so PAD and UNK at -inf are left out, where torch's own option would give an
+    infinite loss): ``(1 - ε) · (-log p_target) + ε · mean_j(-log p_j)``.
+
+    Shapes: logits (M, I), target (M,) -> (M,).
+    """
     if not label_smoothing:
-        per_row = F.cross_entropy(logits.float(), target, reduction="none")
-        return weighted_mean(per_row, weight)
+        return F.cross_entropy(logits.float(), target, reduction="none")
     log_p = torch.log_softmax(logits.float(), dim=-1)  # (M, I)
     nll = -log_p.gather(1, target[:, None]).squeeze(1)  # (M,)
     finite = torch.isfinite(logits)
     uniform = -log_p.masked_fill(~finite, 0.0).sum(dim=1) / finite.sum(dim=1)  # (M,)
-    per_row = (1.0 - label_smoothing) * nll + label_smoothing * uniform
-    return weighted_mean(per_row, weight)
+    return (1.0 - label_smoothing) * nll + label_smoothing * uniform
 
 
 def distillation(

@@ -91,6 +91,11 @@ from recsys.training.metrics import (
 
 OBJECTIVES = ("retrieval", "target_attention")
 CONTRASTIVE_POSITIVES = ("dropout", "same_target")
+# the full softmax's logits on a CPU (_full_softmax_rows): glibc serves blocks up to 32 MiB
+# from memory it keeps and maps larger ones afresh on every call, so larger logits go in chunks
+MMAP_THRESHOLD_MAX = 32 * 2**20
+CPU_LOGIT_CHUNK_BYTES = 16 * 2**20
+CPU_MIN_CHUNK_ROWS = 256  # a huge catalogue: few chunks rather than one per handful of rows
 
 
 def same_target_partners(contrastive_weight: object, contrastive_positive: object) -> bool:
@@ -417,14 +422,37 @@ class SeqRecModule(pl.LightningModule):
         hidden = output.hidden[has_target]  # (M, D)
         target = batch.target_item[has_target]  # (M,)
         if self.loss_name == "full_softmax":
-            logits = self.encoder.score_items(hidden)  # (M, I)
-            if self.exclude_seen_from_loss:
-                logits = exclude_items(logits, earlier_items(seen, has_target))
-            return losses.full_softmax(logits, target, weight, self.label_smoothing)
+            history = earlier_items(seen, has_target) if self.exclude_seen_from_loss else None
+            return losses.weighted_mean(self._full_softmax_rows(hidden, target, history), weight)
         negative_items = self._draw_negatives(len(target))
         positive = self.encoder.score_candidates(hidden, target[:, None])[:, 0]
         negatives = self.encoder.score_candidates(hidden, negative_items)
         return self._sampled_loss(positive, negatives, target, negative_items, weight)
+
+    def _full_softmax_rows(
+        self, hidden: torch.Tensor, target: torch.Tensor, history: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Each trained position's cross-entropy over the catalogue (``history``: items left
+        out of its softmax, or None). Shapes: hidden (M, D), target (M,), history (M, T) -> (M,).
+
+        On a CPU, logits over ``MMAP_THRESHOLD_MAX`` are made and freed in chunks of rows that
+        fit in ``CPU_LOGIT_CHUNK_BYTES``: glibc's allocator maps every block over 32 MiB afresh
+        from the kernel, and the page faults of one (25,600 x 3,400) logit table took half of
+        its loss step's time on two cores (benchmarks/README.md, "Training speed"). Chunks give
+        the same losses up to float rounding."""
+        rows, row_bytes = len(target), 4 * self.encoder.num_items
+        chunk = max(rows, 1)
+        if hidden.device.type == "cpu" and rows * row_bytes > MMAP_THRESHOLD_MAX:
+            chunk = max(CPU_MIN_CHUNK_ROWS, CPU_LOGIT_CHUNK_BYTES // row_bytes)
+        keys = self.encoder.item_keys() if chunk < rows else None  # once for every chunk
+        parts = []
+        for start in range(0, max(rows, 1), chunk):
+            part = slice(start, start + chunk)
+            logits = self.encoder.score_items(hidden[part], keys=keys)  # (chunk, I)
+            if history is not None:
+                logits = exclude_items(logits, history[part])
+            parts.append(losses.full_softmax_rows(logits, target[part], self.label_smoothing))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _attribute_loss(self, output, batch: SeqBatch, has_target: torch.Tensor) -> torch.Tensor:
         target = batch.target_item[has_target]  # (M,)

@@ -35,7 +35,7 @@ def test_a_tiny_cpu_run_reports_each_epoch_and_its_steady_speed(tmp_path, capsys
     )
     assert 0 <= row["val_ndcg_at_10"] <= 1
     table = capsys.readouterr().out
-    assert "| cpu | 32-true | 3 |" in table and "| 1.00x |" in table
+    assert "| cpu | on | 32-true | 3 |" in table and "| 1.00x |" in table
 
 
 def test_epoch_seconds_come_from_the_clocks_running_total():
@@ -45,9 +45,38 @@ def test_epoch_seconds_come_from_the_clocks_running_total():
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--epochs", "1"], "--epochs must be >= 2"), (["--accelerators", "tpu"], "tpu")],
+    [
+        (["--epochs", "1"], "--epochs must be >= 2"),
+        (["--accelerators", "tpu"], "tpu"),
+        (["--logit-chunks", "maybe"], "on, off"),
+    ],
 )
 def test_bad_options_are_refused_by_name(argv, message, capsys):
     with pytest.raises(SystemExit):
         train_benchmark.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_logit_chunks_off_is_one_runs_setting_only(tmp_path, monkeypatch):
+    from recsys.training import module
+
+    seen = []
+    real = module.SeqRecModule._full_softmax_rows
+
+    def spy(self, *args, **kwargs):
+        seen.append(module.MMAP_THRESHOLD_MAX)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(module.SeqRecModule, "_full_softmax_rows", spy)
+    before = module.MMAP_THRESHOLD_MAX
+    out = tmp_path / "figures.json"
+    tiny = ["data.source.num_users=60", "data.source.num_items=40", "data.source.num_categories=4"]
+    assert (
+        train_benchmark.main(
+            ["--logit-chunks", "off,on", "--epochs", "2", "--json", str(out), *tiny]
+        )
+        == 0
+    )
+    assert [r["logit_chunks"] for r in json.loads(out.read_text())] == ["off", "on"]
+    assert before == module.MMAP_THRESHOLD_MAX  # restored
+    assert set(seen) == {2**62, before}

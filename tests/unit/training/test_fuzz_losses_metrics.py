@@ -226,11 +226,18 @@ def tiny_atrank(items: int, width: int, causal: bool) -> ATRank:
     )
 
 
+@pytest.mark.parametrize("logit_chunks", [False, True], ids=["one_logit_table", "logit_chunks"])
 @pytest.mark.parametrize("chunk", range(2))
-def test_training_step_matches_a_per_position_reference(chunk):
+def test_training_step_matches_a_per_position_reference(chunk, logit_chunks, monkeypatch):
     """Retrieval objective: which positions are trained (padding, UNK targets, causal vs last
     position, behaviour weights), exclude_seen_from_loss, label smoothing, sampled losses with
-    the negatives actually drawn (shared or per target, uniform or popularity with logQ)."""
+    the negatives actually drawn (shared or per target, uniform or popularity with logQ); with
+    ``logit_chunks`` the full softmax's logits go in chunks of one to three rows, as a CPU run
+    makes them when they exceed glibc's mmap threshold."""
+    if logit_chunks:
+        monkeypatch.setattr(module_code, "MMAP_THRESHOLD_MAX", 0)
+        monkeypatch.setattr(module_code, "CPU_MIN_CHUNK_ROWS", 1)
+        monkeypatch.setattr(module_code, "CPU_LOGIT_CHUNK_BYTES", 4 * 15 * (1 + chunk * 2))
     checked = 0
     for seed in range(chunk * 60, chunk * 60 + 60):
         rng = random.Random(seed)

@@ -889,3 +889,73 @@ def test_bad_transition_prior_settings_name_the_option(kwargs, message):
     kwargs = {"transition_counts": _counts_with_each_item_followed_by_its_next(), **kwargs}
     with pytest.raises(ValueError, match=re_escape(message)):
         module(**kwargs)
+
+
+def test_a_large_full_softmax_on_cpu_goes_in_chunks_with_the_same_loss_and_gradients(
+    monkeypatch,
+):
+    """Logits over glibc's mmap threshold are made chunk by chunk on a CPU (each new block of
+    that size is mapped and faulted in afresh); the loss and every gradient stay the same."""
+    from recsys.training import module as module_code
+
+    torch.manual_seed(0)
+    items, rows, width = 50, 6, 8
+    encoder = ATRank(
+        num_items=items, num_attributes=4, num_behaviors=4, num_time_buckets=5,
+        max_seq_len=width, d_model=8, num_heads=2, num_layers=1, dropout=0.0,
+    )  # fmt: skip
+    mask = torch.ones(rows, width, dtype=torch.bool)
+    mask[0, :3] = False
+    item = torch.randint(2, items, (rows, width)) * mask
+    batch = SeqBatch(
+        item=item,
+        behavior=torch.randint(2, 4, (rows, width)) * mask,
+        time_bucket=torch.randint(1, 5, (rows, width)) * mask,
+        padding_mask=mask,
+        query_time_bucket=torch.randint(1, 5, (rows, width)) * mask,
+        target_item=torch.roll(item, -1, dims=1) * mask,
+        target_behavior=torch.randint(2, 4, (rows, width)) * mask,
+        user_index=torch.arange(rows),
+    )
+    module = SeqRecModule(
+        encoder,
+        partial(torch.optim.Adam, lr=1e-3),
+        behaviors=["view", "purchase"],
+        exclude_seen_from_loss=True,
+        label_smoothing=0.1,
+        behavior_weights={"view": 0.5, "purchase": 1.0},
+    )
+    calls = []
+    score_items = encoder.score_items
+    monkeypatch.setattr(
+        encoder, "score_items", lambda q, keys=None: calls.append(len(q)) or score_items(q, keys)
+    )
+
+    def loss_and_grads():
+        encoder.zero_grad()
+        calls.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # self.log outside a Trainer
+            loss = module.training_step(batch, 0)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+        return loss.detach(), grads
+
+    whole, whole_grads = loss_and_grads()
+    trained = int(module._trained_positions(batch).sum())
+    assert calls == [trained] and trained * 4 * items > 1000 and trained % 10 and trained % 16
+
+    def chunks(size):
+        return [size] * (trained // size) + [trained % size]
+
+    monkeypatch.setattr(module_code, "MMAP_THRESHOLD_MAX", 1000)
+    monkeypatch.setattr(module_code, "CPU_LOGIT_CHUNK_BYTES", 10 * 4 * items)
+    monkeypatch.setattr(module_code, "CPU_MIN_CHUNK_ROWS", 4)
+    chunked, chunked_grads = loss_and_grads()
+    assert calls == chunks(10)
+    torch.testing.assert_close(chunked, whole)
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, msg=name)
+    monkeypatch.setattr(module_code, "CPU_MIN_CHUNK_ROWS", 16)  # a huge catalogue's floor
+    loss_and_grads()
+    assert calls == chunks(16)
