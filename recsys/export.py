@@ -10,12 +10,25 @@ Serving contract. An export folder holds:
   - ``item``, ``behavior``, ``time_bucket``: (B, T) int64 vocabulary indices, **left-padded**
     (the most recent event at position T-1), 0 (PAD) at padding positions;
   - ``padding_mask``: (B, T) bool, True = a real token;
-  - ``query_time_bucket``: (B, T) int64, the time-gap bucket from each event to the moment the
-    prediction is for (0 = unknown, the same as passing None).
+  - ``time_bucket``: each event's time-gap bucket (``vocab.json``'s time-bucket settings): with
+    ``reference: previous`` the gap to the user's event before it, also when that event is
+    older than the T kept (0 s for a user's first event); with ``reference: target`` the gap
+    to the moment the prediction is for;
+  - ``query_time_bucket``: (B, T) int64, the time-gap bucket from each position's event to the
+    moment *its* prediction is for, i.e. to the next event, and at the last position (the
+    query served) to the moment of the recommendation (0 = unknown, the same as passing None).
+    Scoring's own inputs (:meth:`recsys.data.sequences.SequenceStore.gather`) are built so.
 
-  Any B >= 1 and 1 <= T <= ``max_seq_len`` work (clip longer histories to their last
-  ``max_seq_len`` events); shapes, dtypes and T are checked, and a bad input raises
-  ``torch.jit.Error`` whose message starts ``builtins.ValueError:`` and says what to fix.
+  A user's events are ordered by time, ties in their order in the log; an exact repeat of an
+  event (same user, item, behaviour and time) is dropped under the default
+  ``data.bad_rows.duplicate: drop``; ``pipelines.score`` and
+  ``recommend_frame`` take the log's last event as the moment of the recommendation unless
+  ``as_of`` says otherwise. Any B >= 1 and 1 <= T <= ``max_seq_len`` work (clip longer
+  histories to their last ``max_seq_len`` events); shapes, dtypes, T and index ranges are
+  checked, and so is the padding: each row's most recent event at T-1 (a user with no event
+  has no query vector: serve a fallback), padding on the left only, and PAD (0) exactly where
+  ``padding_mask`` is False. A bad input raises ``torch.jit.Error`` whose message starts
+  ``builtins.ValueError:`` and says what to fix.
   SASRec and GRU4Rec ignore ``behavior``, ``time_bucket`` and ``query_time_bucket`` but take
   them, so every encoder is served the same way.
 - ``item_table.pt``: ``{"keys": (I, D) float32, "bias": (I,) float32}``, saved with
@@ -168,6 +181,22 @@ class _ServingEncoder(nn.Module):
                     f"{name} holds indices outside [0, {size}): map ids with vocab.json "
                     "(0 = padding, 1 = unknown)"
                 )
+        # a wrongly padded row would be encoded without error into another user's query
+        if bool((~padding_mask[:, -1]).any()):
+            raise ValueError(
+                "a row's last position (T-1) is padding: left-pad each row so that its most "
+                "recent event is at T-1 (a user with no event has no query: serve a fallback)"
+            )
+        if bool((padding_mask[:, 1:] < padding_mask[:, :-1]).any()):
+            raise ValueError(
+                "a row has padding after a real token: pad on the left only, real tokens "
+                "(padding_mask True) contiguous up to T-1"
+            )
+        if bool(((item == 0) == padding_mask).any()):  # 0: PAD_IDX (a script sees no globals)
+            raise ValueError(
+                "item and padding_mask disagree: item must be 0 (PAD) exactly where "
+                "padding_mask is False (an unknown item is 1, UNK)"
+            )
         return self.traced(item, behavior, time_bucket, padding_mask, query_time_bucket)
 
 
@@ -481,7 +510,11 @@ def _metadata(
             "batch": "1 <= T <= max_seq_len, any B >= 1",
             "padding": "left-padded: most recent event at position T-1; PAD (0) and "
             "padding_mask False at padding positions; padding_mask True = real token",
-            "query_time_bucket": "bucket of the gap to the moment the prediction is for; "
+            "time_bucket": "bucket of each event's gap to the user's event before it (0 s "
+            "for the first; reference previous) or to the moment of the prediction "
+            "(reference target): vocab.json's time-bucket settings",
+            "query_time_bucket": "bucket of each position's gap to the moment its prediction "
+            "is for: the next event, and at T-1 the moment of the recommendation; "
             "0 = unknown (the same as None)",
         },
         "item_table": {

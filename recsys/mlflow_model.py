@@ -5,8 +5,9 @@ into the packaged model and run by ``mlflow.pyfunc.load_model``; nothing is unpi
 a pandas event log (the columns the model was trained with) and returns the recommendations
 as a pandas frame (the columns of :mod:`recsys.retrieval.recommend`). ``params`` are
 :data:`recsys.tasks.score.PYFUNC_PARAMS` (``top_k``, ``exclude``, ``max_per_category``,
-...). recsys' own loader (:func:`recsys.tracking.resolve_model`) reads the packaged checkpoint
-directly.
+..., and ``bad_rows``: ``data.bad_rows``' policies as ``"unknown_behavior=drop,..."``, where a
+message names ``data.bad_rows.<kind>``). recsys' own loader
+(:func:`recsys.tracking.resolve_model`) reads the packaged checkpoint directly.
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ class RecsysModel(PythonModel):
         self.model = load_checkpoint(context.artifacts["checkpoint"])
 
     def predict(self, context, model_input, params=None):
-        from recsys.tasks.score import recommend_frame, retrieval_from_params
+        from recsys.tasks.score import recommend_frame, recommend_kwargs_from_params
 
-        retrieval, as_of = retrieval_from_params(params)
-        frame = recommend_frame(self.model, model_input, retrieval=retrieval, as_of=as_of)
-        return frame.to_pandas()
+        kwargs = recommend_kwargs_from_params(params)
+        return recommend_frame(self.model, model_input, **kwargs).to_pandas()
 
 
 mlflow.models.set_model(RecsysModel())

@@ -184,11 +184,13 @@ PYFUNC_PARAMS = {
     "max_per_category": 0,
     "target_behavior": "",
     "as_of": "",
+    "bad_rows": "",  # "unknown_behavior=drop,duplicate=drop": data.bad_rows' policies by kind
 }
 
 
-def retrieval_from_params(params: Mapping[str, Any] | None) -> tuple[dict, str | None]:
-    """:data:`PYFUNC_PARAMS` -> (``retrieval`` for :func:`recommend_frame`, ``as_of``)."""
+def recommend_kwargs_from_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """:data:`PYFUNC_PARAMS` (MLflow's flat params) -> the keyword arguments of
+    :func:`recommend_frame`: ``retrieval``, ``as_of`` and ``bad_rows``."""
     values = {**PYFUNC_PARAMS, **dict(params or {})}
     unknown = sorted(set(values) - set(PYFUNC_PARAMS))
     if unknown:
@@ -200,7 +202,20 @@ def retrieval_from_params(params: Mapping[str, Any] | None) -> tuple[dict, str |
         "target_behavior": values["target_behavior"] or None,
     }
     retrieval = {k: values[k] for k in ("top_k", "rerank_top_n", "explanations")}
-    return {**retrieval, "rules": rules}, values["as_of"] or None
+    bad_rows = {}
+    for pair in filter(None, (p.strip() for p in str(values["bad_rows"]).split(","))):
+        kind, _, policy = pair.partition("=")
+        if not policy.strip():
+            raise ValueError(
+                f"params bad_rows={values['bad_rows']!r}: write kind=policy pairs separated "
+                "by commas, e.g. 'unknown_behavior=drop,duplicate=drop'"
+            )
+        bad_rows[kind.strip()] = policy.strip()
+    return {
+        "retrieval": {**retrieval, "rules": rules},
+        "as_of": values["as_of"] or None,
+        "bad_rows": bad_rows or None,
+    }
 
 
 def _chunks(data: ScoringData, size: int) -> list[np.ndarray]:

@@ -820,6 +820,31 @@ def test_bad_row_policies_are_given_to_recommend_frame(setup):
         recommend_frame(model, events, bad_rows={"unknown_behavior": "skip"})
 
 
+def test_mlflow_params_carry_bad_row_policies_to_recommend_frame(setup):
+    """The MLflow model's flat params (recsys.mlflow_model) reach the bad-row policies a
+    message names as data.bad_rows.<kind>: ``bad_rows='unknown_behavior=drop,...'``."""
+    from recsys.tasks.score import recommend_kwargs_from_params
+
+    model, events = setup
+    odd = events.head(1).with_columns(pl.lit("wishlist").alias("event_type"))
+    kwargs = recommend_kwargs_from_params(
+        {"top_k": TOP_K, "bad_rows": " unknown_behavior=drop, duplicate = drop"}
+    )
+    assert kwargs["bad_rows"] == {"unknown_behavior": "drop", "duplicate": "drop"}
+    assert kwargs["as_of"] is None and kwargs["retrieval"]["top_k"] == TOP_K
+    dropped = recommend_frame(model, pl.concat([events, odd]), **kwargs)
+    assert_frame_equal(dropped, _score(model, events))
+    assert recommend_kwargs_from_params({})["bad_rows"] is None
+    with pytest.raises(ValueError, match="kind=policy pairs"):
+        recommend_kwargs_from_params({"bad_rows": "drop"})
+    with pytest.raises(ValueError, match=r"data.bad_rows has unknown kind\(s\) \['wishlist'\]"):
+        recommend_frame(
+            model, events, **recommend_kwargs_from_params({"bad_rows": "wishlist=drop"})
+        )
+    with pytest.raises(ValueError, match=r"unknown params \['bad_row'\]"):
+        recommend_kwargs_from_params({"bad_row": "duplicate=drop"})
+
+
 def test_a_user_whose_every_row_is_dropped_is_named_in_a_warning(setup, caplog):
     """A ``drop`` policy that sets aside all of a user's rows leaves that user without a
     history and without a list: the rows were counted, and now the user is named too."""
