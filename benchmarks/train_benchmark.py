@@ -5,16 +5,16 @@ data the overrides name).
     python -m benchmarks.train_benchmark --accelerators cpu,gpu --epochs 4 \
         data.source.num_users=6000 data.source.num_items=3400 \
         +data.source.sessions_per_user=30 data.max_seq_len=200             # ML-1M-like lengths
-    python -m benchmarks.train_benchmark --logit-chunks off,on experiment=ml1m  # CPU A/B
+    python -m benchmarks.train_benchmark --cpu-chunks off,on experiment=ml1m  # CPU A/B
 
 Each accelerator trains the same configuration (``conf/config.yaml``, the default data and
 model, plus the Hydra overrides given after the options) for ``--epochs`` epochs through
 ``recsys.tasks.train``: ``cpu`` is ``trainer.accelerator=cpu`` (float32), ``gpu`` is
 ``trainer=gpu`` (bf16-mixed). Early stopping is off, so every run trains the same epochs.
-``--logit-chunks off`` makes a CPU run compute the full softmax's logits as one table however
-large (``on``, the default: in chunks under glibc's mmap threshold,
-``recsys.training.module._full_softmax_rows``); with ``off,on`` each accelerator runs both
-ways, one after the other.
+``--cpu-chunks off`` makes a CPU run compute the full softmax's logits as one table however
+large (``on``, the default: in chunks under glibc's mmap
+threshold, :mod:`recsys.allocation`); with ``off,on`` each accelerator runs both ways, one
+after the other.
 
 Printed per run: the median seconds of a training epoch after the first (which holds
 the warm-up; validation excluded, as ``time/train_seconds`` counts it), training events per
@@ -63,12 +63,12 @@ def train_events(prepared_dir: Path) -> int:
 
 
 def run_one(accelerator: str, chunks: str, epochs: int, extra: list[str], work: Path) -> dict:
+    from recsys import allocation
     from recsys.tasks import train
-    from recsys.training import module
 
-    threshold = module.MMAP_THRESHOLD_MAX
+    threshold = allocation.MMAP_THRESHOLD_MAX
     if chunks == "off":
-        module.MMAP_THRESHOLD_MAX = 2**62
+        allocation.MMAP_THRESHOLD_MAX = 2**62
 
     cfg = compose(
         [
@@ -85,13 +85,13 @@ def run_one(accelerator: str, chunks: str, epochs: int, extra: list[str], work: 
     try:
         trained = train.run(cfg, register=False)
     finally:
-        module.MMAP_THRESHOLD_MAX = threshold
+        allocation.MMAP_THRESHOLD_MAX = threshold
     seconds = epoch_seconds(trained.history or [])
     steady = seconds[1:] or seconds
     events = train_events(trained.prepared_dir)
     return {
         "accelerator": accelerator,
-        "logit_chunks": chunks,
+        "cpu_chunks": chunks,
         "precision": str(cfg.trainer.precision),
         "epochs": len(seconds),
         "epoch_seconds": seconds,
@@ -105,13 +105,13 @@ def run_one(accelerator: str, chunks: str, epochs: int, extra: list[str], work: 
 def table(rows: list[dict]) -> str:
     base = rows[0]["median_epoch_seconds"]
     lines = [
-        "| accelerator | logit chunks | precision | epochs | s / epoch (median after the first) "
+        "| accelerator | cpu chunks | precision | epochs | s / epoch (median after the first) "
         "| training events / s | val NDCG@10 | speed-up | each epoch (s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['accelerator']} | {r['logit_chunks']} | {r['precision']} | {r['epochs']} "
+            f"| {r['accelerator']} | {r['cpu_chunks']} | {r['precision']} | {r['epochs']} "
             f"| {r['median_epoch_seconds']:.2f} | {r['events_per_second']:,.0f} "
             f"| {r['val_ndcg_at_10']:.4f} | {base / r['median_epoch_seconds']:.2f}x "
             f"| {' / '.join(f'{s:.1f}' for s in r['epoch_seconds'])} |"
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accelerators", default="cpu", help="comma-separated: cpu, gpu")
     parser.add_argument("--epochs", type=int, default=3, help="training epochs per run (>= 2)")
     parser.add_argument(
-        "--logit-chunks", default="on", help="comma-separated: on, off (CPU runs; see above)"
+        "--cpu-chunks", default="on", help="comma-separated: on, off (CPU runs; see above)"
     )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(accelerators) - set(ACCELERATORS))
     if unknown or not accelerators:
         parser.error(f"--accelerators: {unknown or 'none'}; choose from {sorted(ACCELERATORS)}")
-    chunks = [c.strip() for c in args.logit_chunks.split(",") if c.strip()]
+    chunks = [c.strip() for c in args.cpu_chunks.split(",") if c.strip()]
     if not chunks or set(chunks) - {"on", "off"}:
-        parser.error(f"--logit-chunks {args.logit_chunks!r}: a comma-separated list of on, off")
+        parser.error(f"--cpu-chunks {args.cpu_chunks!r}: a comma-separated list of on, off")
     if args.epochs < 2:
         parser.error("--epochs must be >= 2: the first epoch holds the warm-up")
     with tempfile.TemporaryDirectory(prefix="train_benchmark_") as tmp:

@@ -47,11 +47,18 @@ import numpy as np
 import polars as pl
 import torch
 
+from recsys.allocation import cpu_chunk_length
 from recsys.checkpoint import LoadedModel
 from recsys.data.dataset import SequenceStore, TargetRows
 from recsys.data.pipeline import scoring_events, scoring_sequences
 from recsys.retrieval.catalogue import ITEM_CATEGORY, Catalogue
-from recsys.retrieval.index import INDEXES, build_index, check_faiss_settings, chunked_topk
+from recsys.retrieval.index import (
+    INDEXES,
+    MIN_ITEM_CHUNK,
+    build_index,
+    check_faiss_settings,
+    chunked_topk,
+)
 from recsys.retrieval.ranker import rerank_head, with_prior
 from recsys.retrieval.rules import Rules, cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, USER
@@ -340,7 +347,12 @@ class Recommender:
                 depth,
                 blocked=self.blocked,
                 exclude=exclude,
-                item_chunk_size=self.options.item_chunk_size,
+                item_chunk_size=cpu_chunk_length(
+                    self.options.item_chunk_size,
+                    8 * len(rows),
+                    counts.device,
+                    minimum=MIN_ITEM_CHUNK,
+                ),  # float64 ranks
             )
             return score(items).masked_fill(torch.isneginf(ranks), -math.inf), items
 

@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys.allocation import cpu_chunk_length
 from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
 from recsys.model.layers import _check_dropout
@@ -91,11 +92,7 @@ from recsys.training.metrics import (
 
 OBJECTIVES = ("retrieval", "target_attention")
 CONTRASTIVE_POSITIVES = ("dropout", "same_target")
-# the full softmax's logits on a CPU (_full_softmax_rows): glibc serves blocks up to 32 MiB
-# from memory it keeps and maps larger ones afresh on every call, so larger logits go in chunks
-MMAP_THRESHOLD_MAX = 32 * 2**20
-CPU_LOGIT_CHUNK_BYTES = 16 * 2**20
-CPU_MIN_CHUNK_ROWS = 256  # a huge catalogue: few chunks rather than one per handful of rows
+MIN_LOGIT_CHUNK_ROWS = 256  # a huge catalogue: few chunks rather than one per handful of rows
 
 
 def same_target_partners(contrastive_weight: object, contrastive_positive: object) -> bool:
@@ -435,15 +432,13 @@ class SeqRecModule(pl.LightningModule):
         """Each trained position's cross-entropy over the catalogue (``history``: items left
         out of its softmax, or None). Shapes: hidden (M, D), target (M,), history (M, T) -> (M,).
 
-        On a CPU, logits over ``MMAP_THRESHOLD_MAX`` are made and freed in chunks of rows that
-        fit in ``CPU_LOGIT_CHUNK_BYTES``: glibc's allocator maps every block over 32 MiB afresh
-        from the kernel, and the page faults of one (25,600 x 3,400) logit table took half of
-        its loss step's time on two cores (benchmarks/README.md, "Training speed"). Chunks give
-        the same losses up to float rounding."""
-        rows, row_bytes = len(target), 4 * self.encoder.num_items
-        chunk = max(rows, 1)
-        if hidden.device.type == "cpu" and rows * row_bytes > MMAP_THRESHOLD_MAX:
-            chunk = max(CPU_MIN_CHUNK_ROWS, CPU_LOGIT_CHUNK_BYTES // row_bytes)
+        On a CPU, logits of 32 MiB or more are made and freed in chunks of rows
+        (:func:`recsys.allocation.cpu_chunk_length`: glibc maps such blocks afresh from the
+        kernel at every step); chunks give the same losses up to float rounding."""
+        rows = len(target)
+        chunk = cpu_chunk_length(
+            max(rows, 1), 4 * self.encoder.num_items, hidden.device, minimum=MIN_LOGIT_CHUNK_ROWS
+        )
         keys = self.encoder.item_keys() if chunk < rows else None  # once for every chunk
         parts = []
         for start in range(0, max(rows, 1), chunk):

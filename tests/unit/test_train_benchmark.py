@@ -48,7 +48,7 @@ def test_epoch_seconds_come_from_the_clocks_running_total():
     [
         (["--epochs", "1"], "--epochs must be >= 2"),
         (["--accelerators", "tpu"], "tpu"),
-        (["--logit-chunks", "maybe"], "on, off"),
+        (["--cpu-chunks", "maybe"], "on, off"),
     ],
 )
 def test_bad_options_are_refused_by_name(argv, message, capsys):
@@ -57,26 +57,25 @@ def test_bad_options_are_refused_by_name(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_logit_chunks_off_is_one_runs_setting_only(tmp_path, monkeypatch):
+def test_cpu_chunks_off_is_one_runs_setting_only(tmp_path, monkeypatch):
+    from recsys import allocation
     from recsys.training import module
 
     seen = []
     real = module.SeqRecModule._full_softmax_rows
 
     def spy(self, *args, **kwargs):
-        seen.append(module.MMAP_THRESHOLD_MAX)
+        seen.append(allocation.MMAP_THRESHOLD_MAX)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(module.SeqRecModule, "_full_softmax_rows", spy)
-    before = module.MMAP_THRESHOLD_MAX
+    before = allocation.MMAP_THRESHOLD_MAX
     out = tmp_path / "figures.json"
     tiny = ["data.source.num_users=60", "data.source.num_items=40", "data.source.num_categories=4"]
     assert (
-        train_benchmark.main(
-            ["--logit-chunks", "off,on", "--epochs", "2", "--json", str(out), *tiny]
-        )
+        train_benchmark.main(["--cpu-chunks", "off,on", "--epochs", "2", "--json", str(out), *tiny])
         == 0
     )
-    assert [r["logit_chunks"] for r in json.loads(out.read_text())] == ["off", "on"]
-    assert before == module.MMAP_THRESHOLD_MAX  # restored
+    assert [r["cpu_chunks"] for r in json.loads(out.read_text())] == ["off", "on"]
+    assert before == allocation.MMAP_THRESHOLD_MAX  # restored
     assert set(seen) == {2**62, before}

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from recsys import allocation
 from recsys.data.batch import SeqBatch
 from recsys.model import ATRank
 from recsys.model.outputs import EncoderOutput
@@ -235,9 +236,9 @@ def test_training_step_matches_a_per_position_reference(chunk, logit_chunks, mon
     ``logit_chunks`` the full softmax's logits go in chunks of one to three rows, as a CPU run
     makes them when they exceed glibc's mmap threshold."""
     if logit_chunks:
-        monkeypatch.setattr(module_code, "MMAP_THRESHOLD_MAX", 0)
-        monkeypatch.setattr(module_code, "CPU_MIN_CHUNK_ROWS", 1)
-        monkeypatch.setattr(module_code, "CPU_LOGIT_CHUNK_BYTES", 4 * 15 * (1 + chunk * 2))
+        monkeypatch.setattr(allocation, "MMAP_THRESHOLD_MAX", 0)
+        monkeypatch.setattr(allocation, "CHUNK_BYTES", 4 * 15 * (1 + chunk * 2))
+        monkeypatch.setattr(module_code, "MIN_LOGIT_CHUNK_ROWS", 1)
     checked = 0
     for seed in range(chunk * 60, chunk * 60 + 60):
         rng = random.Random(seed)

@@ -896,6 +896,7 @@ def test_a_large_full_softmax_on_cpu_goes_in_chunks_with_the_same_loss_and_gradi
 ):
     """Logits over glibc's mmap threshold are made chunk by chunk on a CPU (each new block of
     that size is mapped and faulted in afresh); the loss and every gradient stay the same."""
+    from recsys import allocation
     from recsys.training import module as module_code
 
     torch.manual_seed(0)
@@ -948,14 +949,14 @@ def test_a_large_full_softmax_on_cpu_goes_in_chunks_with_the_same_loss_and_gradi
     def chunks(size):
         return [size] * (trained // size) + [trained % size]
 
-    monkeypatch.setattr(module_code, "MMAP_THRESHOLD_MAX", 1000)
-    monkeypatch.setattr(module_code, "CPU_LOGIT_CHUNK_BYTES", 10 * 4 * items)
-    monkeypatch.setattr(module_code, "CPU_MIN_CHUNK_ROWS", 4)
+    monkeypatch.setattr(allocation, "MMAP_THRESHOLD_MAX", 1000)
+    monkeypatch.setattr(allocation, "CHUNK_BYTES", 10 * 4 * items)
+    monkeypatch.setattr(module_code, "MIN_LOGIT_CHUNK_ROWS", 4)
     chunked, chunked_grads = loss_and_grads()
     assert calls == chunks(10)
     torch.testing.assert_close(chunked, whole)
     for name, grad in whole_grads.items():
         torch.testing.assert_close(chunked_grads[name], grad, msg=name)
-    monkeypatch.setattr(module_code, "CPU_MIN_CHUNK_ROWS", 16)  # a huge catalogue's floor
+    monkeypatch.setattr(module_code, "MIN_LOGIT_CHUNK_ROWS", 16)  # a huge catalogue's floor
     loss_and_grads()
     assert calls == chunks(16)

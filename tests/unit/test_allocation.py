@@ -1,0 +1,54 @@
+"""recsys.allocation: chunks that keep a CPU's score tables under glibc's mmap threshold."""
+
+from __future__ import annotations
+
+import torch
+
+from recsys import allocation
+from recsys.allocation import CHUNK_BYTES, MMAP_THRESHOLD_MAX, cpu_chunk_length
+from recsys.retrieval.index import MIN_ITEM_CHUNK, ExactIndex
+
+
+def test_a_table_under_the_threshold_or_off_the_cpu_keeps_its_length():
+    assert cpu_chunk_length(1000, 4 * 1000, "cpu") == 1000  # 4 MB
+    assert cpu_chunk_length(25_600, 4 * 3_400, "meta") == 25_600  # not a CPU
+    assert cpu_chunk_length(25_600, 4 * 3_400, torch.device("meta")) == 25_600
+    below = MMAP_THRESHOLD_MAX // 4 - 1
+    assert cpu_chunk_length(below, 4, "cpu") == below
+
+
+def test_a_larger_table_is_cut_to_the_chunk_bytes_but_not_below_the_minimum():
+    assert cpu_chunk_length(MMAP_THRESHOLD_MAX // 4, 4, "cpu") == CHUNK_BYTES // 4  # at 32 MiB
+    assert cpu_chunk_length(25_600, 4 * 3_400, "cpu") == CHUNK_BYTES // (4 * 3_400)  # 1,233
+    assert cpu_chunk_length(65_536, 4 * 512, "cpu", minimum=1024) == 8192  # scoring's default
+    assert cpu_chunk_length(6_400, 4 * 10**6, "cpu", minimum=256) == 256  # a huge catalogue
+    assert cpu_chunk_length(6_400, 4 * 10**9, "cpu") == 1
+
+
+def test_exact_search_on_a_cpu_scores_the_catalogue_in_cut_chunks_with_the_same_top_k(
+    monkeypatch,
+):
+    torch.manual_seed(0)
+    keys, bias = torch.randn(5000, 8), torch.randn(5000)
+    blocked = torch.zeros(5000, dtype=torch.bool)
+    blocked[:2] = True
+    query, seen = torch.randn(6, 8), torch.randint(0, 5000, (6, 7))
+    index = ExactIndex(keys, bias, blocked, item_chunk_size=4096)
+    whole = index.search(query, 20, seen)
+    widths = []
+    real = torch.Tensor.__matmul__
+
+    def spy(a, b):
+        out = real(a, b)
+        widths.append(out.shape[-1])
+        return out
+
+    monkeypatch.setattr(allocation, "MMAP_THRESHOLD_MAX", 6 * 4 * 4096)  # 6 users x 4,096 items
+    monkeypatch.setattr(allocation, "CHUNK_BYTES", 6 * 4 * 1500)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    torch.testing.assert_close(index.search(query, 20, seen), whole)
+    assert widths == [1500, 1500, 1500, 500]
+    widths.clear()
+    monkeypatch.setattr(allocation, "CHUNK_BYTES", 6 * 4 * 500)  # under the floor
+    torch.testing.assert_close(index.search(query, 20, seen), whole)
+    assert widths == [MIN_ITEM_CHUNK] * 4 + [5000 - 4 * MIN_ITEM_CHUNK]
