@@ -845,6 +845,12 @@ def _prepare(
             )
             + f"; the log is too small or the windows too narrow: {settings.split.widening()}"
         )
+    if stats["train_users"] == 0:  # a target is an event after another in the training window
+        raise ValueError(
+            f"{name}: the split leaves no training target: no user has two events in the "
+            f"training window ({settings.split.method} split, {stats['train_events']} "
+            f"training events), so a model would train on nothing; {settings.split.widening()}"
+        )
     shutil.rmtree(parts.work, ignore_errors=True)
     clock.lap("finish")
     log.info("prepare seconds per stage: %s", clock.seconds)

@@ -46,6 +46,8 @@ class TimeBuckets:
     """ATRank's log2 time-gap buckets with a configurable unit.
 
     ``bucket = 1 + min(floor(log2(1 + gap / unit_seconds)), num_buckets - 1)``; 0 is PAD.
+    Gaps are between the stored times, whole Unix seconds (a millisecond log's are rounded
+    down to the second before they are subtracted).
     With ``unit_seconds=60``: gaps of 0-59 s -> 1, 60-179 s -> 2, 180-419 s -> 3, ...
     ``reference`` says what a token's gap is measured to:
 

@@ -87,8 +87,8 @@ class SplitSettings:
         else:
             holdout = 1 if self.method == "leave_one_out" else self.holdout_events
             fix = (
-                f"a user needs at least {2 * holdout + 1} events for a validation and a test "
-                f"target: set data.min_user_events={2 * holdout + 1}"
+                f"a user needs at least {2 * holdout + 2} events for a training, a validation "
+                f"and a test target: set data.min_user_events={2 * holdout + 2}"
                 + (" or lower data.split.holdout_events" if self.method == "leave_last_n" else "")
             )
         if self.target_behaviors:

@@ -264,10 +264,10 @@ def test_one_name_where_a_list_belongs_is_a_list_of_one(tmp_path):
 @pytest.mark.parametrize(
     ("options", "fix"),
     [
-        ({"split": {"method": "leave_one_out"}}, "at least 3 events.*data.min_user_events=3"),
+        ({"split": {"method": "leave_one_out"}}, "at least 4 events.*data.min_user_events=4"),
         (
             {"split": {"method": "leave_last_n", "holdout_events": 2}},
-            "at least 5 events.*min_user_events=5 or lower data.split.holdout_events",
+            "at least 6 events.*min_user_events=6 or lower data.split.holdout_events",
         ),
         ({}, "widen data.split.val_fraction/test_fraction"),
     ],
@@ -285,6 +285,32 @@ def test_too_few_targets_get_the_fix_of_their_split(tmp_path, options, fix):
     with pytest.raises(ValueError, match=fix):
         rd.prepare(frame, tmp_path / "p", columns={"category": None}, **options)
     assert not (tmp_path / "p").exists()
+
+
+def test_a_split_that_leaves_no_training_target_is_refused(tmp_path):
+    """Three events per user under leave-one-out give every user a validation and a test
+    target but a training window of one event: nothing to train on (the log used to prepare,
+    and training yielded no batch)."""
+    t0 = datetime(2024, 1, 1, tzinfo=UTC)
+    frame = pl.DataFrame(
+        {
+            "user_id": [1] * 3 + [2] * 3,
+            "item_id": [1, 2, 1, 2, 1, 2],
+            "event_type": ["view"] * 6,
+            "timestamp": [t0 + timedelta(minutes=m) for m in (0, 1, 2) * 2],
+        }
+    )
+    split = {"method": "leave_one_out"}
+    with pytest.raises(
+        ValueError, match="no training target: no user has two events.*min_user_events=4"
+    ):
+        rd.prepare(frame, tmp_path / "p", columns={"category": None}, split=split)
+    assert not (tmp_path / "p").exists()
+    longer = pl.concat(
+        [frame, frame.head(1).with_columns(pl.col("timestamp") - timedelta(hours=1))]
+    )
+    ds = rd.prepare(longer, tmp_path / "q", columns={"category": None}, split=split)
+    assert ds.stats["train_users"] == 1
 
 
 def test_order_only_log_refuses_a_temporal_split(tmp_path):

@@ -550,6 +550,8 @@ def oracle(case: dict) -> dict:
         stats["sessions"] = sum(s["session"][-1] + 1 for s in seqs.values())
     if stats["val_targets"] == 0 or stats["test_targets"] == 0:
         raise Refused("no val/test targets")
+    if stats["train_users"] == 0:
+        raise Refused("no training target")
     return {
         "seqs": seqs,
         "stats": stats,
