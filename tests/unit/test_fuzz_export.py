@@ -10,7 +10,7 @@
   model's (vocabulary, behaviours, time buckets, ``max_seq_len``, prior and its counts);
 - bad inputs to the exported encoder raise.
 
-Every case is a seed: ``FUZZ_SEEDS=0-200 pytest tests/unit/test_fuzz_export.py`` widens the
+Every case is a seed: ``FUZZ_SEEDS=0:200 pytest tests/unit/test_fuzz_export.py`` widens the
 run (default 0-4 per model); a failure names its seed."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import random
 import sys
 from datetime import timedelta
@@ -28,6 +27,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from fuzzing import fuzz_seeds
 
 from recsys.checkpoint import checkpoint_extra, load_checkpoint, set_transition_prior_weight
 from recsys.data.sequences import TimeBuckets
@@ -52,11 +52,6 @@ TIME_BUCKETS = {
     "prior": TimeBuckets(unit_seconds=3600, num_buckets=8, reference="target"),
     "prior_sasrec": TimeBuckets(unit_seconds=1, num_buckets=16),
 }
-
-
-def _seeds(default: str) -> list[int]:
-    low, high = os.environ.get("FUZZ_SEEDS", default).split("-")
-    return list(range(int(low), int(high)))
 
 
 def save_checkpoint(model, path: Path) -> Path:
@@ -224,7 +219,7 @@ def test_export_and_reloaded_checkpoint_match_recommend_frame(models, kind):
     served = load_exported(folder)
     encoder = torch.jit.load(str(folder / "user_encoder.pt"))  # what serving loads, alone
     failures = []
-    for seed in _seeds("0-4"):
+    for seed in fuzz_seeds("0:4"):
         rng = random.Random(seed)
         log = random_log(rng, base, model)
         top_k, exclude, allow, deny, as_of = random_case(rng, model, log)

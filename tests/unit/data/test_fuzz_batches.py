@@ -18,7 +18,7 @@ batch of the data module with a plain-Python oracle written from the documented 
   holds its target or a later event.
 
 Default run: 100 seeds (~8 s). More: ``FUZZ_SEEDS=0:500 pytest ...`` or
-``python tests/unit/data/test_fuzz_batches.py 0 500``.
+``PYTHONPATH=tests python tests/unit/data/test_fuzz_batches.py 0 500``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from fuzzing import fuzz_seeds
 
 import recsys.data as rd
 from recsys.data.datamodule import SeqRecDataModule
@@ -479,15 +480,7 @@ def check_partners(batch, B: int, enc: dict, ora_rows: dict, L: int) -> None:
             assert (u, candidates[0]) == (ui, ti)
 
 
-SEEDS = os.environ.get("FUZZ_SEEDS", "0:100")
-
-
-def _seeds() -> list[int]:
-    lo, hi = (int(x) for x in SEEDS.split(":"))
-    return list(range(lo, hi))
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", fuzz_seeds("0:100"))
 def test_fuzz_batches(seed, tmp_path):
     run_case(seed, tmp_path)
 

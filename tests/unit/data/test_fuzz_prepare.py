@@ -11,7 +11,7 @@ categories) and random preparation settings, then checks:
 - (some seeds) polars vs pandas vs CSV vs Parquet sources.
 
 Default run: 80 seeds (~15 s). More: ``FUZZ_SEEDS=0:500 pytest ...`` or
-``python tests/unit/data/test_fuzz_prepare.py 0 500``.
+``PYTHONPATH=tests python tests/unit/data/test_fuzz_prepare.py 0 500``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from fuzzing import fuzz_seeds
 from polars.testing import assert_frame_equal as _afe
 
 import recsys.data as rd
@@ -848,15 +849,7 @@ def check_folders(case: dict, df: pl.DataFrame, one, root: Path) -> None:
         compare_datasets(one, other, f"seed {case['seed']} frame vs {kind} folder")
 
 
-SEEDS = os.environ.get("FUZZ_SEEDS", "0:80")
-
-
-def _seeds() -> list[int]:
-    lo, hi = (int(x) for x in SEEDS.split(":"))
-    return list(range(lo, hi))
-
-
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.parametrize("seed", fuzz_seeds("0:80"))
 def test_fuzz_prepare(seed, tmp_path):
     run_case(seed, tmp_path, formats=seed % 4 == 0)
 

@@ -4,13 +4,12 @@ category cap, target behaviour, cold users, new items, as_of) scored by ``recomm
 and compared with a brute-force oracle built from the model's own full score table:
 same items in the same order (swaps only between scores equal within 2e-4), scores, sources,
 ranks 1..n without gaps, the list length the README promises and each explanation's event.
-Every case is a seed: ``FUZZ_SEEDS=0-500 pytest tests/unit/retrieval/test_fuzz_scoring.py``
+Every case is a seed: ``FUZZ_SEEDS=0:500 pytest tests/unit/retrieval/test_fuzz_scoring.py``
 widens the run; a failure names its seed."""
 
 from __future__ import annotations
 
 import math
-import os
 import random
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from fuzzing import fuzz_seeds
 
 from recsys.checkpoint import LoadedModel
 from recsys.data.pipeline import PrepareSettings, load_events, prepare_dataset
@@ -449,11 +449,6 @@ def compare(expected: dict, got: pl.DataFrame, retrieval: dict, tol=2e-4):
 # ----------------------------------------------------------------------------- the tests
 
 
-def _seeds(default: str) -> list[int]:
-    low, high = os.environ.get("FUZZ_SEEDS", default).split("-")
-    return list(range(int(low), int(high)))
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz") / "prep"
@@ -465,7 +460,7 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "kind, seeds",
-    [("atrank", _seeds("0-14")), ("sasrec", _seeds("0-5")), ("prior", _seeds("0-5"))],
+    [("atrank", fuzz_seeds("0:14")), ("sasrec", fuzz_seeds("0:5")), ("prior", fuzz_seeds("0:5"))],
 )
 def test_scoring_matches_a_brute_force_oracle(models, tmp_path, kind, seeds):
     model, base = models[kind]
