@@ -27,17 +27,23 @@ ROW_KINDS = ("item", "attribute", "data")
 
 @dataclass(frozen=True)
 class Carried:
-    """How many real items and attributes of the new vocabulary got a trained row."""
+    """How many real items and attributes of the new vocabulary got a trained row
+    (``attributes`` None: the encoder has no attribute table, e.g. SASRec)."""
 
     items: int
     num_items: int  # real items of the new vocabulary (PAD and UNK not counted)
-    attributes: int
+    attributes: int | None
     num_attributes: int
 
     def describe(self) -> str:
+        attributes = (
+            ""
+            if self.attributes is None
+            else f" and {self.attributes} of {self.num_attributes} attributes"
+        )
         return (
-            f"{self.items} of {self.num_items} items and {self.attributes} of "
-            f"{self.num_attributes} attributes carried over (the rest start fresh)"
+            f"{self.items} of {self.num_items} items{attributes} carried over (the rest start "
+            "fresh)"
         )
 
 
@@ -128,6 +134,6 @@ def carry_over(
     return Carried(
         items=old_items.numel(),
         num_items=target_vocab.items.height,
-        attributes=old_attrs.numel(),
+        attributes=old_attrs.numel() if "attribute" in rows.values() else None,
         num_attributes=target_vocab.attributes.height,
     )

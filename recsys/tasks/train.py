@@ -397,7 +397,8 @@ def initialise_from(
     else:
         log.info("initialised the model from %s (other data): %s", ref, carried.describe())
         reference.tags["carried_items"] = f"{carried.items}/{carried.num_items}"
-        reference.tags["carried_attributes"] = f"{carried.attributes}/{carried.num_attributes}"
+        if carried.attributes is not None:  # an encoder with an attribute table
+            reference.tags["carried_attributes"] = f"{carried.attributes}/{carried.num_attributes}"
     return reference
 
 

@@ -94,9 +94,12 @@ def test_the_tied_item_encoders_carry_their_item_table(cls):
     torch.manual_seed(0)
     old = cls(num_items=OLD.num_items, max_seq_len=6, d_model=8)
     new = cls(num_items=NEW.num_items, max_seq_len=6, d_model=8)
-    carry_over(old, OLD, new, NEW)
+    carried = carry_over(old, OLD, new, NEW)
     table = new.item_embedding.weight
     torch.testing.assert_close(table[[4, 2]], old.item_embedding.weight[[2, 4]])
+    # no attribute table: no attribute count ("1 of 2 attributes carried" would be untrue)
+    assert carried.attributes is None
+    assert carried.describe() == "2 of 4 items carried over (the rest start fresh)"
 
 
 def test_a_vocabulary_of_other_ids_is_refused_naming_both_id_types():
