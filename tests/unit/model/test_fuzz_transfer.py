@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 import torch
 from fuzzing import fuzz_seeds
+from test_transfer import vocab as make_vocab  # the same directory
 from unit.test_export import ENCODERS, make_encoder  # tests/ is on pytest's pythonpath
 
 from recsys.data.vocab import Vocab
@@ -32,27 +33,6 @@ ORACLE_ROWS = {
     "tied": {"item_embedding.weight": "item"},
 }
 ITEM_ATTRIBUTES = "embedding.item_attributes"
-
-
-def make_vocab(item_ids: list, attributes: list[str], sets: list[list[int]]) -> Vocab:
-    n = len(item_ids)
-    items = pl.DataFrame(
-        {
-            "item_id": item_ids,
-            "index": list(range(NUM_RESERVED, NUM_RESERVED + n)),
-            "attribute_indices": sets,
-            "train_count": [n - i for i in range(n)],
-        },
-        schema_overrides={"index": pl.Int32, "attribute_indices": pl.List(pl.Int32)},
-    )
-    table = pl.DataFrame(
-        {
-            "attribute": attributes,
-            "index": list(range(NUM_RESERVED, NUM_RESERVED + len(attributes))),
-        },
-        schema={"attribute": pl.String, "index": pl.Int32},
-    )
-    return Vocab(items=items, attributes=table, behaviors=("view", "buy"))
 
 
 def random_sets(rng: random.Random, n_items: int, n_attributes: int) -> list[list[int]]:

@@ -32,7 +32,7 @@ def vocab(item_ids: list, attributes: list[str], item_attributes: list[list[int]
             "attribute": attributes,
             "index": list(range(NUM_RESERVED, NUM_RESERVED + len(attributes))),
         },
-        schema_overrides={"index": pl.Int32},
+        schema={"attribute": pl.String, "index": pl.Int32},  # also with no attribute
     )
     return Vocab(items=items, attributes=table, behaviors=("view", "buy"))
 
