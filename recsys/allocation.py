@@ -5,10 +5,11 @@ glibc's ``malloc`` serves a block under its mmap threshold (which grows with use
 it back on release, so each new one faults in, zeroed, page by page. A loop that makes a new
 (rows x items) table of scores at every step, such as the training's full softmax or scoring's
 walk over the catalogue, then spends much of its time in the kernel once that table passes
-32 MiB: half the time of a (25,600 x 3,400) loss step (benchmarks/README.md, "Training
-speed"), 44 % of a 512-user batch's search over a million items ("Forty-sixth session: exact
-search in chunks"). Such loops take their chunk length from :func:`cpu_chunk_length`, which
-keeps each table under the threshold on a CPU.
+32 MiB: a (25,600 x 3,400) loss step took 2.5-5.3x, and a 512-user batch's search over a
+million items 1.6-1.7x, the time it takes in chunks (``python -m
+benchmarks.allocation_benchmark``; benchmarks/README.md, "Training speed"). Such loops take
+their chunk length from :func:`cpu_chunk_length`, which keeps each table under the threshold
+on a CPU.
 """
 
 from __future__ import annotations

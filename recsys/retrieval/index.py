@@ -8,7 +8,7 @@
   chunk's top-K), and merges each chunk's top-K into a running top-K. On a CPU a chunk is
   cut to 16 MiB of scores (8,192 items for 512 users; at least ``MIN_ITEM_CHUNK`` items) by
   :func:`recsys.allocation.cpu_chunk_length`: larger tables are mapped afresh from the kernel
-  at every chunk, which took 1.8x the time.
+  at every chunk, which took 1.6-1.7x the time (``python -m benchmarks.allocation_benchmark``).
 - :class:`FaissIndex` (optional, ``pip install recsys[ann]``): an approximate HNSW or IVF
   index. The bias is folded in as one more dimension (``[q, 1] · [k, b]``). With ``metric="l2"``
   (default) the largest inner product is found as the nearest neighbour in L2, after one more

@@ -79,3 +79,21 @@ def test_cpu_chunks_off_is_one_runs_setting_only(tmp_path, monkeypatch):
     assert [r["cpu_chunks"] for r in json.loads(out.read_text())] == ["off", "on"]
     assert before == allocation.MMAP_THRESHOLD_MAX  # restored
     assert set(seen) == {2**62, before}
+
+
+def test_the_allocation_benchmark_times_each_setting_of_both_measurements(capsys):
+    from benchmarks import allocation_benchmark
+
+    small = ["--repeats", "1", "--rows", "600", "--loss-items", "50", "--users", "8"]
+    settings = {  # tables this small stay under the threshold: cpu_chunk_length keeps them
+        "loss": ["one table", "cpu_chunk_length: 600 rows", "2048 rows", "1024 rows"],
+        "search": ["65536 items (cpu_chunk_length)", "16384 items", "4096 items"],
+    }
+    for only, names in settings.items():
+        assert allocation_benchmark.main([*small, "--search-items", "3000", "--only", only]) == 0
+        rows = [r.split("|") for r in capsys.readouterr().out.strip().splitlines()]
+        assert [r[1].strip() for r in rows] == [allocation_benchmark.MEASUREMENTS[only]] * len(
+            names
+        )
+        assert [r[2].strip() for r in rows] == names
+        assert all(float(r[3]) >= 0 and float(r[4].replace(",", "")) >= 0 for r in rows)

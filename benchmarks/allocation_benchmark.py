@@ -1,0 +1,131 @@
+"""Large score tables on a CPU, whole against in chunks (``recsys.allocation``), side by side.
+
+    python -m benchmarks.allocation_benchmark                 # the sizes the notes quote
+    python -m benchmarks.allocation_benchmark --repeats 9
+
+Two measurements, each in a fresh process of its own (the allocator's state after one would
+change the other's figures), taking turns between its settings after a warm-up:
+
+- **loss**: the training's full softmax, forward and backward: ``F.cross_entropy`` of
+  ``hidden @ keys.T`` for (25,600, 64) hidden states (128 windows of 200) over 3,400 items, as
+  one table (348 MB) and in the row chunks ``cpu_chunk_length`` gives (and two fixed sizes);
+- **search**: exact top-10 search of 512 queries over 1 M random keys with ``chunked_topk``, in
+  chunks of 65,536 items (scoring's ``item_chunk_size``), 16,384, 8,192 (what
+  ``cpu_chunk_length`` cuts it to) and 4,096.
+
+Prints the median milliseconds and minor page faults of each. Figures, not a test: see
+``benchmarks/README.md``, "Training speed".
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from recsys.allocation import cpu_chunk_length
+from recsys.retrieval.index import MIN_ITEM_CHUNK, chunked_topk
+from recsys.training.module import MIN_LOGIT_CHUNK_ROWS
+
+MEASUREMENTS = {"loss": "loss step", "search": "search of one batch"}
+
+
+def alternate(fns: dict, repeats: int) -> dict[str, tuple[float, float]]:
+    """Median (ms, minor page faults) of each function, run in turns after a warm-up."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    faults = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1000)
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return {n: (statistics.median(times[n]), statistics.median(faults[n])) for n in fns}
+
+
+def loss_rows(rows: int, items: int, dim: int, repeats: int) -> dict[str, tuple[float, float]]:
+    torch.manual_seed(0)
+    hidden = torch.randn(rows, dim, requires_grad=True)
+    keys = torch.randn(items, dim, requires_grad=True)
+    target = torch.randint(0, items, (rows,))
+
+    def step(chunk: int):
+        def run():
+            loss = sum(
+                F.cross_entropy(
+                    hidden[i : i + chunk] @ keys.T, target[i : i + chunk], reduction="sum"
+                )
+                for i in range(0, rows, chunk)
+            )
+            loss.backward()
+
+        return run
+
+    chosen = cpu_chunk_length(rows, 4 * items, "cpu", minimum=MIN_LOGIT_CHUNK_ROWS)
+    sizes = {"one table": rows, f"cpu_chunk_length: {chosen} rows": chosen}
+    sizes.update({f"{n} rows": n for n in (2048, 1024) if n != chosen})
+    return alternate({name: step(n) for name, n in sizes.items()}, repeats)
+
+
+def search_rows(users: int, items: int, dim: int, repeats: int) -> dict[str, tuple[float, float]]:
+    torch.manual_seed(0)
+    query, keys = torch.randn(users, dim), torch.randn(items, dim)
+    blocked = torch.zeros(items, dtype=torch.bool)
+    history = torch.randint(0, items, (users, 50))
+
+    def search(chunk: int):
+        return lambda: chunked_topk(
+            lambda s, e: query @ keys[s:e].T,
+            items,
+            10,
+            blocked=blocked,
+            exclude=history,
+            item_chunk_size=chunk,
+        )
+
+    chosen = cpu_chunk_length(65_536, 4 * users, "cpu", minimum=MIN_ITEM_CHUNK)
+    sizes = [65_536, 16_384, chosen, 4_096]
+    names = {n: f"{n} items" + (" (cpu_chunk_length)" if n == chosen else "") for n in sizes}
+    return alternate({names[n]: search(n) for n in dict.fromkeys(sizes)}, repeats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="rounds after the warm-up")
+    parser.add_argument("--rows", type=int, default=25_600, help="loss: trained positions")
+    parser.add_argument("--loss-items", type=int, default=3_400)
+    parser.add_argument("--users", type=int, default=512, help="search: queries per batch")
+    parser.add_argument("--search-items", type=int, default=1_000_000)
+    parser.add_argument("--only", choices=MEASUREMENTS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if args.only == "loss":
+        rows = loss_rows(args.rows, args.loss_items, 64, args.repeats)
+    elif args.only == "search":
+        rows = search_rows(args.users, args.search_items, 64, args.repeats)
+    else:  # the parent: one fresh process per measurement
+        sys.stdout.write(
+            "| measurement | setting | median ms | median page faults |\n|---|---|---:|---:|\n"
+        )
+        for only in MEASUREMENTS:
+            command = [sys.executable, "-m", "benchmarks.allocation_benchmark", "--only", only]
+            subprocess.run([*command, *(argv if argv is not None else sys.argv[1:])], check=True)
+        return 0
+    what = MEASUREMENTS[args.only]
+    for name, (ms, faults) in rows.items():
+        sys.stdout.write(f"| {what} | {name} | {ms:.0f} | {faults:,.0f} |\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
