@@ -19,7 +19,11 @@ after the other.
 Printed per run: the median seconds of a training epoch after the first (which holds
 the warm-up; validation excluded, as ``time/train_seconds`` counts it), training events per
 second, the last validation NDCG@10, each epoch's seconds, and the speed-up against the
-first row.
+first row. ``--step-times`` also times every training step (the device synchronised around it)
+and splits each epoch's seconds into steps whose batch shape (rows x width) the run had not
+seen before and the others: where a GPU's first epochs lose their time. Batches are as wide
+as their longest row, rounded up to ``data.loader.width_multiple`` (pass it as an override to
+compare).
 Figures, not a test: see ``benchmarks/README.md``, "Training speed".
 """
 
@@ -62,7 +66,57 @@ def train_events(prepared_dir: Path) -> int:
     return int(stats["train_events"])
 
 
-def run_one(accelerator: str, chunks: str, epochs: int, extra: list[str], work: Path) -> dict:
+STEPS: list[tuple[int, tuple[int, int], float]] = []  # (epoch, (rows, width), seconds)
+
+
+def step_times_callback():
+    """A Lightning callback appending each training step's epoch, batch shape and seconds to
+    :data:`STEPS` (built here so that importing this module does not import Lightning)."""
+    import time
+
+    import pytorch_lightning as pl
+    import torch
+
+    class _StepTimes(pl.Callback):
+        def _sync(self, module) -> None:
+            if module.device.type == "cuda":
+                torch.cuda.synchronize(module.device)
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+            self._sync(module)
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            self._sync(module)
+            shape = tuple(batch.item.shape)
+            STEPS.append((trainer.current_epoch, shape, time.perf_counter() - self._start))
+
+    return _StepTimes()
+
+
+def step_summary(steps: list[tuple[int, tuple[int, int], float]]) -> list[dict]:
+    """Per epoch: steps and seconds of batch shapes new to the run, and of the others."""
+    seen: set[tuple[int, int]] = set()
+    epochs: dict[int, dict] = {}
+    for epoch, shape, seconds in steps:
+        row = epochs.setdefault(
+            epoch, {"epoch": epoch, "new_steps": 0, "new_s": 0.0, "seen_steps": 0, "seen_s": 0.0}
+        )
+        kind = "seen" if shape in seen else "new"
+        seen.add(shape)
+        row[f"{kind}_steps"] += 1
+        row[f"{kind}_s"] += seconds
+    return list(epochs.values())
+
+
+def run_one(
+    accelerator: str,
+    chunks: str,
+    epochs: int,
+    extra: list[str],
+    work: Path,
+    step_times: bool = False,
+) -> dict:
     from recsys import allocation
     from recsys.tasks import train
 
@@ -82,6 +136,12 @@ def run_one(accelerator: str, chunks: str, epochs: int, extra: list[str], work: 
             f"paths.output_dir={work}",
         ]
     )
+    if step_times:
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
+            cfg.callbacks.step_times = {"_target_": f"{__name__}.step_times_callback"}
+        STEPS.clear()
     try:
         trained = train.run(cfg, register=False)
     finally:
@@ -89,6 +149,7 @@ def run_one(accelerator: str, chunks: str, epochs: int, extra: list[str], work: 
     seconds = epoch_seconds(trained.history or [])
     steady = seconds[1:] or seconds
     events = train_events(trained.prepared_dir)
+    steps = step_summary(STEPS) if step_times else None
     return {
         "accelerator": accelerator,
         "cpu_chunks": chunks,
@@ -99,6 +160,7 @@ def run_one(accelerator: str, chunks: str, epochs: int, extra: list[str], work: 
         "train_events": events,
         "events_per_second": events / statistics.median(steady),
         "val_ndcg_at_10": (trained.history or [{}])[-1].get("val/ndcg_at_10"),
+        **({"steps": steps} if steps is not None else {}),
     }
 
 
@@ -116,6 +178,20 @@ def table(rows: list[dict]) -> str:
             f"| {r['val_ndcg_at_10']:.4f} | {base / r['median_epoch_seconds']:.2f}x "
             f"| {' / '.join(f'{s:.1f}' for s in r['epoch_seconds'])} |"
         )
+    for r in rows:
+        if "steps" not in r:
+            continue
+        lines += [
+            "",
+            f"{r['accelerator']} (cpu chunks {r['cpu_chunks']}): training steps by batch shape",
+            "| epoch | steps, new shape | their s | steps, shape seen before | their s |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {e['epoch']} | {e['new_steps']} | {e['new_s']:.2f} | {e['seen_steps']} "
+            f"| {e['seen_s']:.2f} |"
+            for e in r["steps"]
+        ]
     return "\n".join(lines)
 
 
@@ -125,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3, help="training epochs per run (>= 2)")
     parser.add_argument(
         "--cpu-chunks", default="on", help="comma-separated: on, off (CPU runs; see above)"
+    )
+    parser.add_argument(
+        "--step-times", action="store_true", help="also time every training step (see above)"
     )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
@@ -141,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--epochs must be >= 2: the first epoch holds the warm-up")
     with tempfile.TemporaryDirectory(prefix="train_benchmark_") as tmp:
         rows = [
-            run_one(a, c, args.epochs, args.overrides, Path(tmp))
+            run_one(a, c, args.epochs, args.overrides, Path(tmp), args.step_times)
             for a in accelerators
             for c in chunks
         ]

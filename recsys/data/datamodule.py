@@ -15,21 +15,34 @@ from recsys.data.pipeline import SEQUENCES_FILE, load_stats
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
 
-LOADER_KEYS = ("batch_size", "eval_batch_size", "num_workers", "train_samples")
+MAX_WIDTH_MULTIPLE = 256
+LOADER_KEYS = ("batch_size", "eval_batch_size", "num_workers", "train_samples", "width_multiple")
 
 
 def check_loader(partners: bool = False, **loader) -> None:
     """``data.loader``, refused by its config key: no unknown key, ``batch_size`` and
-    ``eval_batch_size`` whole numbers >= 1, ``num_workers`` >= 0, ``train_samples`` one of
+    ``eval_batch_size`` whole numbers >= 1, ``num_workers`` >= 0, ``width_multiple`` a whole
+    number from 1 to 256, ``train_samples`` one of
     :data:`TRAIN_SAMPLES` (prefixes where ``partners``, same-target pairs, are wanted). The
     train task checks it before the data is prepared."""
     unknown = sorted(set(loader) - set(LOADER_KEYS))
     if unknown:
         raise ValueError(f"unknown data.loader option(s) {unknown}; known: {sorted(LOADER_KEYS)}")
-    for key, minimum in (("batch_size", 1), ("eval_batch_size", 1), ("num_workers", 0)):
+    for key, minimum in (
+        ("batch_size", 1),
+        ("eval_batch_size", 1),
+        ("num_workers", 0),
+        ("width_multiple", 1),
+    ):
         value = loader.get(key, minimum)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"data.loader.{key}={value!r} must be a whole number >= {minimum}")
+    if loader.get("width_multiple", 1) > MAX_WIDTH_MULTIPLE:
+        raise ValueError(
+            f"data.loader.width_multiple={loader['width_multiple']} is larger than "
+            f"{MAX_WIDTH_MULTIPLE}: batches are padded to a multiple of it (capped at "
+            "data.max_seq_len); 8 suits a GPU, 1 (no padding) a CPU"
+        )
     train_samples = loader.get("train_samples", "windows")
     if train_samples not in TRAIN_SAMPLES:
         raise ValueError(
@@ -67,6 +80,7 @@ class SeqRecDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         train_samples: str = "windows",
+        width_multiple: int = 1,
         partners: bool = False,
         time_buckets: TimeBuckets | None = None,
     ):
@@ -80,6 +94,7 @@ class SeqRecDataModule(pl.LightningDataModule):
             eval_batch_size=eval_batch_size,
             num_workers=num_workers,
             train_samples=train_samples,
+            width_multiple=width_multiple,
         )
         self.train_samples = train_samples
         self.partners = bool(partners)
@@ -91,6 +106,7 @@ class SeqRecDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
+        self.width_multiple = width_multiple
         self.seed = seed
         self.store: SequenceStore | None = None
         self._train_loader: DataLoader | None = None
@@ -101,7 +117,11 @@ class SeqRecDataModule(pl.LightningDataModule):
             self.store = SequenceStore.from_parquet(self.prepared_dir / SEQUENCES_FILE)
 
     def _settings(self) -> dict:
-        return {"max_seq_len": self.max_seq_len, "time_buckets": self.time_buckets}
+        return {
+            "max_seq_len": self.max_seq_len,
+            "time_buckets": self.time_buckets,
+            "width_multiple": self.width_multiple,
+        }
 
     def train_dataloader(self) -> DataLoader:
         self.setup()

@@ -125,9 +125,11 @@ class SequenceStore:
         time_buckets: TimeBuckets,
         targets: str | np.ndarray,
         query_time: np.ndarray | None = None,
+        width_multiple: int = 1,
     ) -> SeqBatch:
         """Left-padded batch of the flat events ``start[b]:end[b]`` (at most ``max_seq_len``), as
-        wide as its longest row.
+        wide as its longest row, rounded up to a multiple of ``width_multiple`` (at most
+        ``max_seq_len``): fewer distinct widths, for a GPU (see ``data.loader``).
 
         ``targets="next"`` makes every position's target the following event (training);
         an array of flat indices (-1 = none) gives one target per row (evaluation/scoring).
@@ -140,7 +142,8 @@ class SequenceStore:
         length = end - start  # (B,)
         # trimmed to the batch's longest window: padding columns cost attention and FFN time,
         # and positions count back from the most recent event, so a narrower batch means the same
-        width = int(min(max_seq_len, max(1, length.max(initial=1))))
+        longest = max(1, int(length.max(initial=1)))
+        width = min(max_seq_len, -(-longest // width_multiple) * width_multiple)
         columns = np.arange(width)
         pad = width - length
         mask = columns[None, :] >= pad[:, None]  # (B, T) True = real
@@ -194,12 +197,33 @@ class SequenceStore:
 class _BatchDataset(Dataset):
     """Indexed by a *list* of row numbers; returns one :class:`SeqBatch`."""
 
-    def __init__(self, store: SequenceStore, *, max_seq_len: int, time_buckets: TimeBuckets):
+    def __init__(
+        self,
+        store: SequenceStore,
+        *,
+        max_seq_len: int,
+        time_buckets: TimeBuckets,
+        width_multiple: int = 1,
+    ):
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len={max_seq_len} must be >= 1")
+        if width_multiple < 1:
+            raise ValueError(f"width_multiple={width_multiple} must be >= 1")
         self.store = store
         self.max_seq_len = max_seq_len
         self.time_buckets = time_buckets
+        self.width_multiple = width_multiple
+
+    def _gather(self, rows, start, end, **targets) -> SeqBatch:
+        return self.store.gather(
+            rows,
+            start,
+            end,
+            max_seq_len=self.max_seq_len,
+            time_buckets=self.time_buckets,
+            width_multiple=self.width_multiple,
+            **targets,
+        )
 
 
 def _rows_and_ranks(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -218,8 +242,8 @@ class TrainWindows(_BatchDataset):
     windows [e3 e4 e5 e6] and [e0 e1 e2 e3] -> inputs [e3 e4 e5] / [e0 e1 e2].
     """
 
-    def __init__(self, store: SequenceStore, *, max_seq_len: int, time_buckets: TimeBuckets):
-        super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
+    def __init__(self, store: SequenceStore, *, max_seq_len: int, **settings):
+        super().__init__(store, max_seq_len=max_seq_len, **settings)
         n = store.train_lengths
         windows = np.where(n >= 2, np.ceil((n - 1) / max_seq_len), 0).astype(np.int64)
         self.rows, k = _rows_and_ranks(windows)  # k = 0 is the most recent window of its user
@@ -239,14 +263,7 @@ class TrainWindows(_BatchDataset):
     def __getitem__(self, indices: list[int]) -> SeqBatch:
         i = np.asarray(indices)
         # inputs are window[:-1]; each input position's target is the next event
-        return self.store.gather(
-            self.rows[i],
-            self.start[i],
-            self.end[i] - 1,
-            max_seq_len=self.max_seq_len,
-            time_buckets=self.time_buckets,
-            targets="next",
-        )
+        return self._gather(self.rows[i], self.start[i], self.end[i] - 1, targets="next")
 
 
 class TrainPrefixes(_BatchDataset):
@@ -276,10 +293,10 @@ class TrainPrefixes(_BatchDataset):
         store: SequenceStore,
         *,
         max_seq_len: int,
-        time_buckets: TimeBuckets,
         partners: bool = False,
+        **settings,
     ):
-        super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
+        super().__init__(store, max_seq_len=max_seq_len, **settings)
         targets = np.maximum(store.train_lengths - 1, 0)  # events 1 .. n-1 of each user
         self.rows, rank = _rows_and_ranks(targets)
         local = rank + 1  # local position of each target: 1, 2, ..., n-1 within its user
@@ -324,14 +341,7 @@ class TrainPrefixes(_BatchDataset):
                 [start, np.maximum(self.start[partner], self.end[partner] - width)]
             )
             i = np.concatenate([i, partner])
-        batch = self.store.gather(
-            self.rows[i],
-            start,
-            self.end[i],
-            max_seq_len=self.max_seq_len,
-            time_buckets=self.time_buckets,
-            targets="next",
-        )
+        batch = self._gather(self.rows[i], start, self.end[i], targets="next")
         # only the last position's target is this row's; the others belong to other rows
         batch.target_item[:, :-1] = 0
         batch.target_behavior[:, :-1] = 0
@@ -360,12 +370,12 @@ class TargetRows(_BatchDataset):
         target_position: np.ndarray,
         *,
         max_seq_len: int,
-        time_buckets: TimeBuckets,
         has_target: bool = True,
         query_time: int | None = None,
         seen: bool = False,
+        **settings,
     ):
-        super().__init__(store, max_seq_len=max_seq_len, time_buckets=time_buckets)
+        super().__init__(store, max_seq_len=max_seq_len, **settings)
         self.seen = seen
         self.rows = np.flatnonzero(target_position >= 1)
         position = target_position[self.rows]
@@ -380,12 +390,10 @@ class TargetRows(_BatchDataset):
 
     def __getitem__(self, indices: list[int]) -> SeqBatch:
         i = np.asarray(indices)
-        batch = self.store.gather(
+        batch = self._gather(
             self.rows[i],
             self.start[i],
             self.end[i],
-            max_seq_len=self.max_seq_len,
-            time_buckets=self.time_buckets,
             targets=self.target[i],
             query_time=None if self.query_time is None else self.query_time[i],
         )

@@ -288,6 +288,42 @@ def test_train_windows_time_buckets_never_cross_users():
 def test_max_seq_len_must_be_positive(store):
     with pytest.raises(ValueError, match="max_seq_len=0 must be >= 1"):
         TrainWindows(store, max_seq_len=0, time_buckets=BUCKETS)
+    with pytest.raises(ValueError, match="width_multiple=0 must be >= 1"):
+        TrainWindows(store, max_seq_len=3, time_buckets=BUCKETS, width_multiple=0)
+
+
+@pytest.mark.parametrize(
+    ("make", "max_seq_len"),
+    [
+        (lambda store, **kw: TrainWindows(store, **kw), 50),
+        (lambda store, **kw: TrainWindows(store, **kw), 4),
+        (lambda store, **kw: TrainPrefixes(store, partners=True, **kw), 50),
+        (lambda store, **kw: TargetRows(store, store.test_target, seen=True, **kw), 50),
+        (lambda store, **kw: TargetRows(store, store.test_target, seen=True, **kw), 7),
+    ],
+)
+@pytest.mark.parametrize("multiple", [1, 4, 8])
+def test_width_multiple_only_adds_padding_columns_on_the_left(store, make, max_seq_len, multiple):
+    """data.loader.width_multiple rounds a batch's width up (fewer distinct shapes for a GPU),
+    never past max_seq_len; the added columns are padding and every real column is as before."""
+    torch.manual_seed(0)  # the partners' draw
+    plain = make(store, max_seq_len=max_seq_len, time_buckets=BUCKETS)
+    torch.manual_seed(0)
+    wide = make(store, max_seq_len=max_seq_len, time_buckets=BUCKETS, width_multiple=multiple)
+    for indices in ([0], list(range(len(plain)))):
+        a, b = plain[indices], wide[indices]
+        width, extra = a.item.shape[1], b.item.shape[1] - a.item.shape[1]
+        assert b.item.shape[1] == min(max_seq_len, -(-width // multiple) * multiple)
+        assert extra >= 0 and (extra == 0 or b.item.shape[1] % multiple == 0)
+        for name in ("item", "behavior", "time_bucket", "padding_mask", "query_time_bucket"):
+            left, right = getattr(b, name)[:, :extra], getattr(b, name)[:, extra:]
+            assert not left.any(), name
+            torch.testing.assert_close(right, getattr(a, name), msg=name)
+        for name in ("target_item", "target_behavior"):  # (B, T) in training, (B,) otherwise
+            target = getattr(b, name)
+            target = target[:, extra:] if target.dim() == 2 else target
+            torch.testing.assert_close(target, getattr(a, name), msg=name)
+        torch.testing.assert_close(b.seen_item, a.seen_item)
 
 
 # -- evaluation and scoring rows -------------------------------------------------------------
