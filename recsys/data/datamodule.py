@@ -9,7 +9,13 @@ import polars
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from recsys.data.dataset import TRAIN_SAMPLES, SequenceStore, TargetRows, batch_loader
+from recsys.data.dataset import (
+    GPU_WIDTH_MULTIPLE,
+    TRAIN_SAMPLES,
+    SequenceStore,
+    TargetRows,
+    batch_loader,
+)
 from recsys.data.io import DataError
 from recsys.data.pipeline import SEQUENCES_FILE, load_stats
 from recsys.data.sequences import TimeBuckets
@@ -21,27 +27,27 @@ LOADER_KEYS = ("batch_size", "eval_batch_size", "num_workers", "train_samples", 
 
 def check_loader(partners: bool = False, **loader) -> None:
     """``data.loader``, refused by its config key: no unknown key, ``batch_size`` and
-    ``eval_batch_size`` whole numbers >= 1, ``num_workers`` >= 0, ``width_multiple`` a whole
-    number from 1 to 256, ``train_samples`` one of
+    ``eval_batch_size`` whole numbers >= 1, ``num_workers`` >= 0, ``width_multiple`` ``auto``
+    or a whole number from 1 to :data:`MAX_WIDTH_MULTIPLE`, ``train_samples`` one of
     :data:`TRAIN_SAMPLES` (prefixes where ``partners``, same-target pairs, are wanted). The
     train task checks it before the data is prepared."""
     unknown = sorted(set(loader) - set(LOADER_KEYS))
     if unknown:
         raise ValueError(f"unknown data.loader option(s) {unknown}; known: {sorted(LOADER_KEYS)}")
-    for key, minimum in (
-        ("batch_size", 1),
-        ("eval_batch_size", 1),
-        ("num_workers", 0),
-        ("width_multiple", 1),
-    ):
+    for key, minimum in (("batch_size", 1), ("eval_batch_size", 1), ("num_workers", 0)):
         value = loader.get(key, minimum)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"data.loader.{key}={value!r} must be a whole number >= {minimum}")
-    if loader.get("width_multiple", 1) > MAX_WIDTH_MULTIPLE:
+    multiple = loader.get("width_multiple", "auto")
+    if multiple != "auto" and (
+        isinstance(multiple, bool)
+        or not isinstance(multiple, int)
+        or not 1 <= multiple <= MAX_WIDTH_MULTIPLE
+    ):
         raise ValueError(
-            f"data.loader.width_multiple={loader['width_multiple']} is larger than "
-            f"{MAX_WIDTH_MULTIPLE}: batches are padded to a multiple of it (capped at "
-            "data.max_seq_len); 8 suits a GPU, 1 (no padding) a CPU"
+            f"data.loader.width_multiple={multiple!r} must be auto or a whole number from 1 to "
+            f"{MAX_WIDTH_MULTIPLE}: batches are padded to a multiple of it in width (at most "
+            f"data.max_seq_len); auto takes {GPU_WIDTH_MULTIPLE} on a GPU and 1 on a CPU"
         )
     train_samples = loader.get("train_samples", "windows")
     if train_samples not in TRAIN_SAMPLES:

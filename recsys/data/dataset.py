@@ -194,6 +194,20 @@ class SequenceStore:
         )
 
 
+GPU_WIDTH_MULTIPLE = 32
+
+
+def width_multiple(setting: int | str, device: torch.device | str) -> int:
+    """``data.loader.width_multiple`` for batches bound for ``device``: a number as it is;
+    ``auto``: multiples of :data:`GPU_WIDTH_MULTIPLE` on a CUDA device, where every new batch
+    shape costs a few hundred milliseconds the first time it is seen (benchmarks/README.md,
+    "Batch widths on a GPU"), and 1 (as narrow as the longest row) on a CPU, where padding
+    columns only cost time."""
+    if setting != "auto":
+        return int(setting)
+    return GPU_WIDTH_MULTIPLE if torch.device(device).type == "cuda" else 1
+
+
 class _BatchDataset(Dataset):
     """Indexed by a *list* of row numbers; returns one :class:`SeqBatch`."""
 

@@ -49,7 +49,7 @@ import torch
 
 from recsys.allocation import cpu_chunk_length
 from recsys.checkpoint import LoadedModel
-from recsys.data.dataset import SequenceStore, TargetRows
+from recsys.data.dataset import SequenceStore, TargetRows, width_multiple
 from recsys.data.pipeline import scoring_events, scoring_sequences
 from recsys.retrieval.catalogue import ITEM_CATEGORY, Catalogue
 from recsys.retrieval.index import (
@@ -236,6 +236,7 @@ class Recommender:
             time_buckets=model.time_buckets,
             has_target=False,
             query_time=data.query_time,
+            width_multiple=width_multiple("auto", self.device),  # the same scores, any width
         )
         with torch.no_grad():
             keys = self.encoder.item_keys()

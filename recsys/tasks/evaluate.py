@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from recsys.config import check_required, note_trained_settings
 from recsys.data.datamodule import SeqRecDataModule, check_loader
+from recsys.data.dataset import width_multiple
 from recsys.data.io import DataError, read_user_list
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
@@ -261,7 +262,11 @@ def run(
     splits = tuple(cfg.get("splits") or ("test",)) if splits is None else tuple(splits)
     if not splits or not set(splits) <= {"val", "test"}:
         raise ValueError(f"splits={list(splits)}: choose among val and test, e.g. '[val,test]'")
-    check_loader(eval_batch_size=cfg.data.loader.eval_batch_size)  # before the data is prepared
+    loader = cfg.data.loader
+    multiple = loader.get("width_multiple", "auto")
+    # before the data is prepared
+    check_loader(eval_batch_size=loader.eval_batch_size, width_multiple=multiple)
+    device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
     target_file = per_target_path(cfg)
     ref = checkpoint or cfg.model_ref
     model, model_tags = load_model(ref, cfg.logger)
@@ -275,8 +280,9 @@ def run(
     datamodule = SeqRecDataModule(
         prepared_dir,
         max_seq_len=model.max_seq_len,  # as trained, whatever data.max_seq_len says now
-        eval_batch_size=cfg.data.loader.eval_batch_size,
+        eval_batch_size=loader.eval_batch_size,
         time_buckets=model.time_buckets,  # (and data.time_buckets)
+        width_multiple=width_multiple(multiple, device),
     )
     if datamodule.vocab.content_hash() != model.vocab.content_hash():
         # named as the user gave it: a model fetched from MLflow sits in a temporary copy
@@ -289,7 +295,6 @@ def run(
             "different logs by their training runs' test/* against the baselines measured "
             'beside them (README "Scheduled retraining")'
         )
-    device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
     datamodule.setup()
     train_counts = model.vocab.item_train_counts()
     stats = datamodule.stats

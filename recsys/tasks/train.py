@@ -34,6 +34,7 @@ from recsys.checkpoint import (
 )
 from recsys.config import check_required, event_schema, prepare_settings, to_container
 from recsys.data.datamodule import SeqRecDataModule, check_loader
+from recsys.data.dataset import width_multiple
 from recsys.data.options import time_buckets
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
 from recsys.data.validate import check_number
@@ -71,12 +72,18 @@ class TrainResult:
 
 
 def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
+    loader = _loader(cfg)
+    accelerator = cfg.trainer.get("accelerator", "auto")
+    cuda = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    loader["width_multiple"] = width_multiple(
+        loader.get("width_multiple", "auto"), "cuda" if cuda else "cpu"
+    )
     return SeqRecDataModule(
         prepared_dir,
         max_seq_len=cfg.data.max_seq_len,
         seed=cfg.seed,
         partners=_partners(cfg),
-        **_loader(cfg),
+        **loader,
     )
 
 

@@ -355,8 +355,9 @@ def test_unset_mandatory_values_are_named_before_any_work(
         ("data.loader.eval_batch_size=-1", r"^data.loader.eval_batch_size=-1 must be a whole"),
         ("data.loader.num_workers=-1", r"^data.loader.num_workers=-1 must be a whole number >= 0"),
         ("data.loader.batch_size=2.5", r"^data.loader.batch_size=2.5 must be a whole number"),
-        ("data.loader.width_multiple=0", r"^data.loader.width_multiple=0 must be a whole number"),
-        ("data.loader.width_multiple=1000", r"^data.loader.width_multiple=1000 is larger than 256"),
+        ("data.loader.width_multiple=0", r"^data.loader.width_multiple=0 must be auto or a whole"),
+        ("data.loader.width_multiple=1000", r"^data.loader.width_multiple=1000 must be auto or"),
+        ("data.loader.width_multiple=gpu", r"^data.loader.width_multiple='gpu' must be auto or"),
     ],
 )
 def test_loader_sizes_are_refused_by_their_key_before_preparing(
