@@ -43,6 +43,33 @@ def test_epoch_seconds_come_from_the_clocks_running_total():
     assert train_benchmark.epoch_seconds(history) == [2.0, 1.5, 0.5]
 
 
+def test_step_summary_splits_each_epoch_by_shapes_new_to_the_run():
+    steps = [(0, (4, 8), 0.5), (0, (4, 8), 0.1), (0, (4, 16), 0.4), (1, (4, 16), 0.1)]
+    steps += [(1, (2, 16), 0.3)]
+    assert train_benchmark.step_summary(steps) == [
+        {"epoch": 0, "new_steps": 2, "new_s": 0.9, "seen_steps": 1, "seen_s": 0.1},
+        {"epoch": 1, "new_steps": 1, "new_s": 0.3, "seen_steps": 1, "seen_s": 0.1},
+    ]
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_step_times_count_every_training_step_and_see_the_width_multiple(
+    tmp_path, capsys, multiple
+):
+    out = tmp_path / "figures.json"
+    data = ["data.source.num_users=80", "data.source.num_items=40", "data.max_seq_len=13"]
+    argv = ["--epochs", "2", "--step-times", "--json", str(out), *data]
+    assert train_benchmark.main([*argv, f"data.loader.width_multiple={multiple}"]) == 0
+    (row,) = json.loads(out.read_text())
+    epochs = row["steps"]
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    assert len({e["new_steps"] + e["seen_steps"] for e in epochs}) == 1  # the same batches
+    assert epochs[0]["new_steps"] >= 1  # the first step's shape at least
+    widths = {shape[1] for _, shape, _ in train_benchmark.STEPS}
+    assert widths <= ({8, 13} if multiple == 8 else set(range(1, 14)))
+    assert "training steps by batch shape" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
