@@ -8,7 +8,7 @@
 #    training on the GPU repeating an uninterrupted one, dropout);
 # 2. training speed on an ML-1M-like synthetic log (6,000 users of ~150 events, windows of 200),
 #    GPU (bf16-mixed) against the machine's CPU cores (float32), side by side
-#    (benchmarks/train_benchmark.py);
+#    (benchmarks/train_benchmark.py; every step timed, by batch shapes new to the run or not);
 # 3. the main job's wall time with trainer=gpu and with the CPU only, side by side;
 # 4. the unit tests, where trainer.accelerator=auto now means the GPU (test files that import
 #    mlflow fail to collect where it is absent; the others run).
@@ -37,13 +37,13 @@ step() {  # step NAME TIMEOUT COMMAND...: run, keep the log, print the last line
     awk -v n="$name" -v rc="$rc" -v a="$start" -v b="$EPOCHREALTIME" \
         'BEGIN { printf "\n== %s: rc %s, %.1f s\n", n, rc, b - a }'
     grep -iE "trained|train_seconds|epochs? in" "$LOG_DIR/$name.log" | tail -n 3
-    tail -n 12 "$LOG_DIR/$name.log"
+    tail -n 24 "$LOG_DIR/$name.log"
 }
 
 step gpu_tests 200 python -m pytest -q -p no:cacheprovider -m gpu -rs \
     tests/unit/model/test_layers.py tests/integration/test_pipelines.py
 step train_speed 300 python -m benchmarks.train_benchmark --accelerators gpu,cpu --epochs 3 \
-    --json "$LOG_DIR/train_speed.json" data.source.num_users=6000 data.source.num_items=3400 \
+    --step-times --json "$LOG_DIR/train_speed.json" data.source.num_users=6000 data.source.num_items=3400 \
     +data.source.sessions_per_user=30 data.max_seq_len=200
 step main_job_gpu 120 python -m pipelines.run trainer=gpu logger=none \
     "paths.output_dir=$WORK/gpu"
