@@ -83,24 +83,46 @@ def two_stage(
     exclude: torch.Tensor | None = None,
     scores: torch.Tensor | None = None,
     fixed: torch.Tensor | None = None,
+    favour: torch.Tensor | None = None,
 ) -> Ranking:
     """Rank ``max(top_k, rerank_top_n)`` items per row; the first ``rerank_top_n`` retrieved
     are re-ordered by ``model.rerank_scores`` (0 turns stage 2 off). ``scores`` (B, I): stage
     1 scores already computed (and adjusted), instead of ``retrieval_scores(..., exclude)``.
     ``fixed`` (B, I) bool: items whose stage-1 score a rule set (the history under
-    ``seen_items=zero``: score 0) keep it in stage 2 too, as excluded (-inf) ones do."""
+    ``seen_items=zero``: score 0) keep it in stage 2 too, as excluded (-inf) ones do.
+    ``favour`` (B,): one item per row that stage 1 places before the items it ties with, in
+    the list and at its cut (evaluation's target: ties go to the target)."""
     if top_k < 1 or rerank_top_n < 0:
         raise ValueError(f"top_k={top_k} must be >= 1 and rerank_top_n={rerank_top_n} >= 0")
     if scores is None:
         scores = retrieval_scores(model, output, exclude=exclude)
     depth = min(max(top_k, rerank_top_n), scores.shape[1])
     top_scores, top_items = scores.topk(depth, dim=1)  # (B, depth)
+    if favour is not None:
+        top_items, top_scores = _favoured_first(scores, top_items, top_scores, favour)
     reranked = torch.zeros_like(top_items, dtype=torch.bool)
     n = min(rerank_top_n, depth)
     keep = None if fixed is None else fixed.gather(1, top_items)
     top_items, top_scores = rerank_head(model, output, top_items, top_scores, n, keep=keep)
     reranked[:, :n] = True
     return Ranking(items=top_items, scores=top_scores, reranked=reranked)
+
+
+def _favoured_first(
+    scores: torch.Tensor, items: torch.Tensor, top: torch.Tensor, favour: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``items`` (B, D), the best of ``scores`` (B, I) with their scores ``top``, with each
+    row's ``favour`` item first among those of its score: swapped in for the list's last item
+    when it ties with it but ``topk`` left it out, and moved before its ties in the list."""
+    score = scores.gather(1, favour[:, None])  # (B, 1)
+    present = (items == favour[:, None]).any(dim=1)
+    swap = ~present & (score[:, 0] == top[:, -1]) & ~torch.isneginf(score[:, 0])
+    items = items.clone()
+    items[swap, -1] = favour[swap]  # the same score: the list stays in order
+    later = (items != favour[:, None]).to(torch.int8)  # the favoured item first, then by score
+    order = later.argsort(dim=1, stable=True)
+    order = order.gather(1, top.gather(1, order).argsort(dim=1, descending=True, stable=True))
+    return items.gather(1, order), top.gather(1, order)
 
 
 def rerank_head(

@@ -53,12 +53,20 @@ def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.where(unranked, MISS_RANK, ranks)
 
 
-def rank_in_list(ranked_items: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def rank_in_list(
+    ranked_items: torch.Tensor, target: torch.Tensor, scores: torch.Tensor | None = None
+) -> torch.Tensor:
     """Shapes: ranked_items (B, K) best first, target (B,) -> ranks (B,), ``MISS_RANK`` if
-    absent."""
+    absent. Without ``scores`` the rank is the target's position; with ``scores`` (B, K), those
+    that ordered the list, it is 1 + the listed items scored strictly higher (ties go to the
+    target, as in :func:`target_ranks`; a target scored NaN is a miss)."""
     hit = ranked_items == target[:, None]  # (B, K)
-    position = hit.float().argmax(dim=1) + 1
-    return torch.where(hit.any(dim=1), position, MISS_RANK)
+    if scores is None:
+        rank = hit.float().argmax(dim=1) + 1
+    else:
+        score = scores.gather(1, hit.float().argmax(dim=1, keepdim=True))  # (B, 1)
+        rank = torch.where(torch.isnan(score[:, 0]), MISS_RANK, 1 + (scores > score).sum(dim=1))
+    return torch.where(hit.any(dim=1), rank, MISS_RANK)
 
 
 def ranking_metrics(ranks: torch.Tensor, ks: Iterable[int]) -> dict[str, torch.Tensor]:

@@ -659,11 +659,13 @@ class SeqRecModule(pl.LightningModule):
             rerank_top_n=self.rerank_top_n,
             scores=scores,
             fixed=fixed,
+            favour=batch.target_item,  # ties go to the target, as in stage 1's ranks
         )
         # a list deeper than the rankable items ends in excluded (-inf) ones: not recommended
         listed = ranking.items.masked_fill(torch.isneginf(ranking.scores), PAD_IDX)
         if self.rerank_top_n:
-            ranks = rank_in_list(listed, batch.target_item)
+            # the list is the re-ranked head alone (metric_ks <= rerank_top_n): one score order
+            ranks = rank_in_list(listed, batch.target_item, ranking.scores)
             metrics.update(
                 {k: v for k, v in ranking_metrics(ranks, self.metric_ks).items() if k != "mrr"}
             )

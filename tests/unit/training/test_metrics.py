@@ -49,6 +49,30 @@ def test_rank_in_list():
     assert rank_in_list(ranked, torch.tensor([9, 4])).tolist() == [3, MISS_RANK]
 
 
+def test_rank_in_list_by_scores_gives_ties_to_the_target():
+    ranked = torch.tensor([[5, 9, 4, 7]]).expand(4, -1)
+    scores = torch.tensor([[2.0, 1.0, 1.0, 0.0]]).repeat(4, 1)
+    scores[3, 2] = math.nan  # a diverged score: a miss, never rank 1
+    ranks = rank_in_list(ranked, torch.tensor([4, 7, 3, 4]), scores)
+    assert ranks.tolist() == [2, 4, MISS_RANK, MISS_RANK]
+
+
+def test_two_stage_puts_a_favoured_item_first_among_its_ties_and_into_the_list():
+    from recsys.retrieval.ranker import two_stage
+
+    # items 0..7 scored 3, 2, 1, 1, 1, 1, 0, 0: a list of 3 has room for one of the four 1s
+    scores = torch.tensor([[3.0, 2.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]]).repeat(4, 1)
+    favour = torch.tensor([2, 3, 5, 0])
+    ranking = two_stage(None, None, top_k=3, rerank_top_n=0, scores=scores, favour=favour)
+    assert ranking.items[:, :2].tolist() == [[0, 1]] * 4
+    assert ranking.items[:3, 2].tolist() == [2, 3, 5]  # whichever tied item topk kept
+    assert ranking.items[3, 2].item() in (2, 3, 4, 5)  # an untied item changes nothing
+    torch.testing.assert_close(ranking.scores, torch.tensor([[3.0, 2.0, 1.0]]).repeat(4, 1))
+    deeper = two_stage(None, None, top_k=6, rerank_top_n=0, scores=scores, favour=favour)
+    assert deeper.items[:, 2].tolist()[:3] == [2, 3, 5]  # first of the four 1s
+    assert sorted(deeper.items[0, 2:].tolist()) == [2, 3, 4, 5]
+
+
 def test_metrics_match_a_brute_force_loop():
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(64, 50, generator=generator)

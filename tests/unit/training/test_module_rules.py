@@ -94,6 +94,23 @@ def test_seen_items_zero_keeps_the_rule_score_through_the_rerank_stage():
     assert metrics["ndcg_at_10"].tolist() == [1.0] * 3
 
 
+@pytest.mark.parametrize("target", [3, 7, 12])
+@pytest.mark.parametrize("rerank_top_n", [19, 25])
+def test_a_seen_target_tied_at_zero_wins_its_ties_through_the_rerank_stage(target, rerank_top_n):
+    """seen_items=zero scores the history (items 3..12, the target among them) 0, below the
+    18 unseen items, so ten items tie at 0 for rank 19: stage 1 ranks the target 19th (ties go
+    to the target). The head of 19 (or 25) has room for one (or seven) of them, and re-ranked
+    they keep their 0, above the head's other scores (-index). Which tied items entered the
+    list, and in which order, was left to topk, so the target could miss a list that had room
+    for it, or come after items it ties with (an audit's finding)."""
+    m = SeqRecModule(
+        _ByIndex(), None, metric_ks=(1, rerank_top_n), seen_items="zero", rerank_top_n=rerank_top_n
+    )
+    metrics = m.eval().evaluation_metrics(eval_batch(target, torch.arange(3, 13)[None, :]))
+    assert metrics["retrieval_mrr"].tolist() == pytest.approx([1 / 19] * 3)
+    assert metrics["hr_at_1"].tolist() == [1.0] * 3
+
+
 def test_sampled_negatives_are_never_items_the_user_has_had():
     # the user has had items 2..19, all scoring below the target (item 20); the items they
     # have not had (21..29) all score above it. Negatives from the unseen items only: the
