@@ -16,7 +16,7 @@ from recsys.data.dataset import (
     TargetRows,
     batch_loader,
 )
-from recsys.data.io import DataError
+from recsys.data.io import DataError, cast_ids
 from recsys.data.pipeline import SEQUENCES_FILE, load_stats
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
@@ -176,7 +176,7 @@ class SeqRecDataModule(pl.LightningDataModule):
         read_user_list`). An id the prepared data does not have is refused, naming ``source``."""
         self.setup()
         table = self.store.user_id
-        cast = ids.cast(table.dtype, strict=False)
+        cast = cast_ids(ids, table.dtype)
         unknown = ids.filter(cast.is_null() | ~cast.is_in(table.implode()))
         if unknown.len():
             raise DataError(

@@ -650,6 +650,17 @@ def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFr
     return select_mapped(lf, columns, name=name, option="data.item_columns")
 
 
+def cast_ids(ids: pl.Series, dtype: pl.DataType) -> pl.Series:
+    """``ids`` (e.g. a user list's) in a table's id type ``dtype``, null where a value is not
+    one of that type's ids: text that is no number, a number out of range, and a number with
+    a fractional part for whole-number ids (which a plain cast would truncate to another
+    user's id)."""
+    cast = ids.cast(dtype, strict=False)
+    if ids.dtype.is_float() and dtype.is_integer():
+        cast = pl.select(pl.when(ids == ids.floor()).then(cast)).to_series().rename(ids.name)
+    return cast
+
+
 def read_user_list(path: str | os.PathLike, option: str = "users") -> pl.Series:
     """The user ids a CSV or Parquet file lists: its ``user_id`` column, or its only column
     (``option`` is the setting that named the file, for messages). Refused: a missing, empty or

@@ -260,8 +260,10 @@ def run(
     (default ``cfg.splits``, else test only)."""
     check_required(cfg, model_given=checkpoint is not None)
     splits = tuple(cfg.get("splits") or ("test",)) if splits is None else tuple(splits)
-    if not splits or not set(splits) <= {"val", "test"}:
-        raise ValueError(f"splits={list(splits)}: choose among val and test, e.g. '[val,test]'")
+    if not splits or not set(splits) <= {"val", "test"} or len(set(splits)) < len(splits):
+        raise ValueError(
+            f"splits={list(splits)}: choose among val and test, each once, e.g. '[val,test]'"
+        )
     loader = cfg.data.loader
     multiple = loader.get("width_multiple", "auto")
     # before the data is prepared

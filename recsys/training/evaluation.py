@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from recsys.data.batch import SeqBatch
-from recsys.data.io import DataError, read_user_list
+from recsys.data.io import DataError, cast_ids, read_user_list
 from recsys.schema import NUM_RESERVED
 from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
@@ -229,7 +229,8 @@ def compare_per_target(
     ids = None if users is None else _listed_users(users)
     if ids is not None:
         listed = pl.concat([t.filter(pl.col("split") == split)["user_id"] for t in tables.values()])
-        absent = ids.filter(~ids.cast(listed.dtype, strict=False).is_in(listed.implode()))
+        known = cast_ids(ids, listed.dtype).is_in(listed.implode()).fill_null(False)
+        absent = ids.filter(~known)
         if absent.len():
             log.warning(
                 "%d of the %d users listed have no %s target in the tables (e.g. %s): they "
@@ -246,7 +247,7 @@ def compare_per_target(
             raise ValueError(f"split={split!r}: {name} has no {split} target")
         if ids is not None:
             table = table.filter(
-                pl.col("user_id").is_in(ids.cast(table["user_id"].dtype, strict=False).implode())
+                pl.col("user_id").is_in(cast_ids(ids, table["user_id"].dtype).implode())
             )
             if not len(table):
                 raise ValueError(

@@ -402,6 +402,14 @@ def test_evaluate_reports_a_user_segment_beside_the_whole_split(main_run, make_c
         evaluate.run(make_config("evaluate", [*overrides, "splits=[train]"]))
     with pytest.raises(DataError, match=r"1 of its 3 user ids are not users .* \[1000000000\]"):
         evaluate.run(make_config("evaluate", [*overrides, f"users={tmp_path / 'unknown.csv'}"]))
+    with pytest.raises(ValueError, match=r"splits=\['test', 'test'\]: .* each once"):
+        evaluate.run(make_config("evaluate", [*overrides, "splits=[test,test]"]))
+    # an id with a fractional part is no user's (a cast truncated it to another user's id)
+    first = halves["a"][0]
+    fraction = tmp_path / "fraction.parquet"  # (a CSV's ids are read as text)
+    pl.DataFrame({"user_id": [float(first), first + 0.5]}).write_parquet(fraction)
+    with pytest.raises(DataError, match=rf"1 of its 2 user ids are not users .* \[{first + 0.5}\]"):
+        evaluate.run(make_config("evaluate", [*overrides, f"users={fraction}"]))
 
 
 def test_evaluate_writes_each_targets_metrics_and_two_runs_compare_target_by_target(

@@ -73,6 +73,11 @@ def test_users_may_be_frames_or_series_and_unmatched_ids_are_named(caplog):
     with caplog.at_level("WARNING", logger="recsys.training.evaluation"):
         assert compare_per_target(a, b, users=[1, 3, 99])["targets"] == 2
     assert "1 of the 3 users listed have no test target in the tables (e.g. [99])" in caplog.text
+    caplog.clear()
+    assert compare_per_target(a, b, users=[1.0, 3.0]) == expected
+    with caplog.at_level("WARNING", logger="recsys.training.evaluation"):  # not user 3's
+        assert compare_per_target(a, b, users=[1.0, 3.5])["targets"] == 1
+    assert "1 of the 2 users listed have no test target in the tables (e.g. [3.5])" in caplog.text
 
 
 def test_several_tables_on_a_side_are_averaged_target_by_target():
