@@ -280,10 +280,21 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_prior_settings(*, window: object, recent: object, decay: object) -> None:
-    """``training.transition_window``, ``_recent`` and ``_decay``, refused with their names."""
+def check_prior_settings(
+    *, window: object, recent: object, decay: object, max_seq_len: int | None = None
+) -> None:
+    """``training.transition_window``, ``_recent`` and ``_decay``, refused with their names;
+    with the ``max_seq_len`` of the model the prior goes with, a ``recent`` beyond the events
+    that model reads too (the prior takes its recent items from the model's input)."""
     _check_whole("window", window)
     _check_whole("recent", recent)
+    if max_seq_len is not None and recent > max_seq_len:
+        raise ValueError(
+            f"training.transition_recent={recent} exceeds the {max_seq_len} events the model "
+            f"reads (data.max_seq_len={max_seq_len}): the prior takes its recent items from the "
+            f"model's input, so at most {max_seq_len} of them count; set it to at most "
+            f"{max_seq_len}"
+        )
     if not _is_number(decay) or not 0 < decay <= 1:
         raise ValueError(
             f"training.transition_decay={decay!r} must be a number in (0, 1]: the weight of "

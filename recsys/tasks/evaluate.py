@@ -25,7 +25,12 @@ from recsys.data.dataset import width_multiple
 from recsys.data.io import DataError, read_user_list
 from recsys.data.vocab import Vocab
 from recsys.model.popularity import Popularity
-from recsys.model.transition import Transition, TransitionCounts, TransitionPrior
+from recsys.model.transition import (
+    Transition,
+    TransitionCounts,
+    TransitionPrior,
+    check_prior_settings,
+)
 from recsys.retrieval.output import write_atomically
 from recsys.schema import ITEM
 from recsys.tasks import prepare
@@ -276,6 +281,13 @@ def run(
     # metric_ks, sampled metrics) against this model's catalogue, and the user list's file
     with naming_keys("training", cfg.training):
         _evaluation_module(cfg, model.encoder, model.vocab, {}, transition_prior=None)
+    if cfg.training.get("transition_prior") is not None:  # read from this model's input
+        check_prior_settings(
+            window=cfg.training.transition_window,
+            recent=cfg.training.transition_recent,
+            decay=cfg.training.transition_decay,
+            max_seq_len=model.max_seq_len,
+        )
     listed = read_user_list(cfg.users) if cfg.get("users") else None
     note_trained_settings(cfg.data, model, ref)
     prepared_dir = prepared_dir or prepare.prepared(cfg)

@@ -254,6 +254,7 @@ class SeqRecModule(pl.LightningModule):
             window=transition_window,
             recent=transition_recent,
             decay=transition_decay,
+            max_seq_len=dict(getattr(encoder, "config", None) or {}).get("max_seq_len"),
         )
         teachers, distill_weight, distill_temperature = _distillation_settings(
             distillation, num_items
@@ -829,6 +830,7 @@ def _transition_prior(
     window: int,
     recent: int,
     decay: float,
+    max_seq_len: int | None = None,
 ) -> TransitionPrior | None:
     """``training.transition_prior`` -> the prior evaluation adds to the model's scores (None:
     off), with ``training.transition_window``, ``_recent`` and ``_decay``. ``auto`` starts at
@@ -838,6 +840,7 @@ def _transition_prior(
     check_prior_settings(window=window, recent=recent, decay=decay)
     if setting is None:
         return None
+    check_prior_settings(window=window, recent=recent, decay=decay, max_seq_len=max_seq_len)
     if setting != "auto" and (
         isinstance(setting, bool)
         or not isinstance(setting, (int, float))

@@ -1497,6 +1497,11 @@ def test_evaluate_measures_a_transition_prior_on_a_model_trained_without_one(mak
     assert (
         metrics[f"transition_prior/val_ndcg_at_10_at_{metrics['transition_prior/weight']}"] == best
     )
+    # its recent items come from the model's input: no more of them than the model reads
+    width = cfg.data.max_seq_len
+    deep = [*overrides, "training.transition_prior=1", f"training.transition_recent={width + 1}"]
+    with pytest.raises(ValueError, match=rf"transition_recent={width + 1} exceeds the {width}"):
+        evaluate.run(make_config("config", deep), trained.checkpoint)
 
 
 def test_a_main_job_with_a_transition_prior_and_a_re_rank_stage_is_refused_before_training(

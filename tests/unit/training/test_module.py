@@ -883,12 +883,24 @@ def test_transition_prior_auto_starts_at_weight_zero_and_is_saved_with_the_check
         ({"transition_window": 0}, "training.transition_window=0 must be a whole number"),
         ({"transition_recent": -1}, "training.transition_recent=-1 must be a whole number"),
         ({"transition_decay": 2}, "training.transition_decay=2 must be a number in (0, 1]"),
+        ({"transition_prior": 1.0, "transition_recent": 10**6}, "=1000000 exceeds the"),
     ],
 )
 def test_bad_transition_prior_settings_name_the_option(kwargs, message):
     kwargs = {"transition_counts": _counts_with_each_item_followed_by_its_next(), **kwargs}
     with pytest.raises(ValueError, match=re_escape(message)):
         module(**kwargs)
+
+
+def test_recent_items_beyond_the_input_window_are_refused_only_with_the_prior_on():
+    """The prior reads its recent items from the model's input, so a transition_recent over
+    max_seq_len was cut to it without a word; with the prior off the setting is unused."""
+    counts = _counts_with_each_item_followed_by_its_next()
+    width = encoder().config["max_seq_len"]
+    module(transition_counts=counts, transition_recent=width + 1)  # off: nothing to refuse
+    module(transition_counts=counts, transition_prior=1.0, transition_recent=width)
+    with pytest.raises(ValueError, match=rf"exceeds the {width} events the model reads"):
+        module(transition_counts=counts, transition_prior=1.0, transition_recent=width + 1)
 
 
 def test_a_large_full_softmax_on_cpu_goes_in_chunks_with_the_same_loss_and_gradients(
