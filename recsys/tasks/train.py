@@ -46,7 +46,12 @@ from recsys.model.transition import TransitionCounts
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, check_registry, flatten, load_model, use_tracker
-from recsys.training.callbacks import CheckMonitors, RandomStreams, TrainingClock
+from recsys.training.callbacks import (
+    CheckMonitors,
+    RandomStreams,
+    StopOnDivergence,
+    TrainingClock,
+)
 from recsys.training.evaluation import pick_device
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import same_target_partners
@@ -764,6 +769,13 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
         os.close(fd)
 
 
+def divergence_settings(cfg: DictConfig) -> str:
+    """The settings a diverged training names (:class:`StopOnDivergence`)."""
+    lr = (cfg.training.get("optimizer") or {}).get("lr")
+    clip = (cfg.trainer or {}).get("gradient_clip_val")
+    return f"training.optimizer.lr={lr}, trainer.gradient_clip_val={clip}"
+
+
 def check_settings(cfg: DictConfig) -> None:
     """Settings that Lightning would take without complaint or refuse without naming them,
     checked before any work: ``data.loader``'s sizes, the seed, ``trainer.max_epochs`` and each
@@ -1011,7 +1023,12 @@ def _run(
         trainer = instantiate(
             cfg.trainer,
             logger=tracker.lightning_logger() or False,
-            callbacks=[*callbacks.values(), CheckMonitors(monitors), RandomStreams()],
+            callbacks=[
+                *callbacks.values(),
+                CheckMonitors(monitors),
+                RandomStreams(),
+                StopOnDivergence(divergence_settings(cfg)),
+            ],
         )
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)

@@ -176,6 +176,46 @@ class CheckMonitors(pl.Callback):
             )
 
 
+class StopOnDivergence(pl.Callback):
+    """Stops a training whose loss is no longer finite (NaN or inf: the weights have
+    diverged, e.g. at too high a learning rate) before that epoch is validated, so that no
+    checkpoint is written from the diverged weights and no metrics are logged for them (a NaN
+    score counts as a miss, so validation would only show a low figure). Each step's check
+    stays on the device; it is read once per epoch. ``settings`` names what to change, e.g.
+    ``"training.optimizer.lr=0.1"``."""
+
+    def __init__(self, settings: str = "") -> None:
+        self.settings = settings
+        self._finite: torch.Tensor | None = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._finite = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if loss is None:
+            return
+        finite = torch.isfinite(loss.detach()).all()
+        self._finite = finite if self._finite is None else self._finite & finite
+
+    def _check(self, trainer: pl.Trainer) -> None:
+        if self._finite is None or bool(self._finite):
+            return
+        self._finite = None
+        raise FloatingPointError(
+            f"training diverged: the loss was not finite (NaN or inf) in epoch "
+            f"{trainer.current_epoch}, so the weights are no longer numbers; stopped before "
+            "validating or saving them. Lower the learning rate or clip the gradients harder"
+            + (f" ({self.settings})" if self.settings else "")
+        )
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check(trainer)
+
+
 def bias_corrected_ema(decay: float):
     """The ``avg_fn`` of :class:`BiasCorrectedEMA`: ``(average, current, n) -> new average``,
     where ``average`` holds the first ``n`` points (``n >= 1``; torch's ``AveragedModel`` copies

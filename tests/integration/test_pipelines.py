@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import polars as pl
 import pytest
+import torch
 
 from recsys.checkpoint import load_checkpoint
 from recsys.data.io import DataError
@@ -1502,6 +1503,20 @@ def test_evaluate_measures_a_transition_prior_on_a_model_trained_without_one(mak
     deep = [*overrides, "training.transition_prior=1", f"training.transition_recent={width + 1}"]
     with pytest.raises(ValueError, match=rf"transition_recent={width + 1} exceeds the {width}"):
         evaluate.run(make_config("config", deep), trained.checkpoint)
+
+
+def test_a_diverging_training_stops_before_writing_a_checkpoint_or_recommendations(make_config):
+    """A learning rate far too high made every weight NaN; the job ended with status 0,
+    finite-looking metrics (a NaN score is a miss) and recommendations scored NaN."""
+    overrides = [*TINY, "logger=none", "trainer.max_epochs=2", "training.optimizer.lr=1e6"]
+    cfg = make_config("config", overrides)
+    with pytest.raises(FloatingPointError, match=r"training diverged: .*\(training.optimizer.lr=1"):
+        main.run(cfg)
+    run_dir = Path(cfg.paths.run_dir)
+    for path in run_dir.rglob("*.ckpt"):  # a checkpoint, if any, from before the divergence
+        weights = torch.load(path, weights_only=True)["state_dict"]
+        assert all(torch.isfinite(w).all() for w in weights.values() if w.is_floating_point())
+    assert not list(run_dir.rglob("recommendations*"))
 
 
 def test_a_main_job_with_a_transition_prior_and_a_re_rank_stage_is_refused_before_training(

@@ -53,3 +53,23 @@ def test_random_streams_survive_a_weights_only_checkpoint():
         torch.load(buffer, weights_only=True)["callbacks"]["RandomStreams"]
     )
     assert (draws(), np.random.standard_normal()) == expected
+
+
+def test_stop_on_divergence_reads_the_epochs_losses_once_and_names_the_settings():
+    from recsys.training.callbacks import StopOnDivergence
+
+    guard = StopOnDivergence("training.optimizer.lr=1000000.0")
+    trainer = SimpleNamespace(current_epoch=3)
+    guard.on_train_epoch_start(trainer, None)
+    guard._check(trainer)  # no step yet: nothing to refuse
+    for loss in (1.0, 0.5):
+        guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, None, 0)
+    guard.on_validation_start(trainer, None)  # all finite
+    guard.on_train_batch_end(trainer, None, torch.tensor(float("inf")), None, 0)
+    guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(0.1)}, None, 0)
+    with pytest.raises(FloatingPointError, match=r"in epoch 3, .* \(training.optimizer.lr=1000000"):
+        guard.on_validation_start(trainer, None)
+    guard.on_train_epoch_start(trainer, None)  # a new epoch starts clean
+    guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 0)
+    with pytest.raises(FloatingPointError, match="training diverged"):
+        guard.on_train_epoch_end(trainer, None)
