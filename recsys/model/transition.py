@@ -281,11 +281,22 @@ def _is_number(value: object) -> bool:
 
 
 def check_prior_settings(
-    *, window: object, recent: object, decay: object, max_seq_len: int | None = None
+    *,
+    window: object,
+    recent: object,
+    decay: object,
+    weight: object = None,
+    max_seq_len: int | None = None,
 ) -> None:
     """``training.transition_window``, ``_recent`` and ``_decay``, refused with their names;
-    with the ``max_seq_len`` of the model the prior goes with, a ``recent`` beyond the events
-    that model reads too (the prior takes its recent items from the model's input)."""
+    with ``weight``, ``training.transition_prior`` (auto or a number >= 0) too; with the
+    ``max_seq_len`` of the model the prior goes with, a ``recent`` beyond the events that
+    model reads (the prior takes its recent items from the model's input)."""
+    if weight not in (None, "auto") and not (_is_number(weight) and 0 <= weight < math.inf):
+        raise ValueError(
+            f"training.transition_prior={weight!r} must be null (off), auto (the weight "
+            "chosen on validation after training) or a number >= 0 (the weight)"
+        )
     _check_whole("window", window)
     _check_whole("recent", recent)
     if max_seq_len is not None and recent > max_seq_len:

@@ -286,6 +286,7 @@ def run(
             window=cfg.training.transition_window,
             recent=cfg.training.transition_recent,
             decay=cfg.training.transition_decay,
+            weight=cfg.training.transition_prior,
             max_seq_len=model.max_seq_len,
         )
     listed = read_user_list(cfg.users) if cfg.get("users") else None

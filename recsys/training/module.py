@@ -840,16 +840,9 @@ def _transition_prior(
     check_prior_settings(window=window, recent=recent, decay=decay)
     if setting is None:
         return None
-    check_prior_settings(window=window, recent=recent, decay=decay, max_seq_len=max_seq_len)
-    if setting != "auto" and (
-        isinstance(setting, bool)
-        or not isinstance(setting, (int, float))
-        or not 0 <= setting < math.inf
-    ):
-        raise ValueError(
-            f"training.transition_prior={setting!r} must be null (off), auto (the weight "
-            "chosen on validation after training) or a number >= 0 (the weight)"
-        )
+    check_prior_settings(
+        window=window, recent=recent, decay=decay, weight=setting, max_seq_len=max_seq_len
+    )
     if rerank_top_n:
         raise ValueError(
             "training.transition_prior adds to the retrieval scores, which the re-rank stage "

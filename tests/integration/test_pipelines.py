@@ -1503,6 +1503,10 @@ def test_evaluate_measures_a_transition_prior_on_a_model_trained_without_one(mak
     deep = [*overrides, "training.transition_prior=1", f"training.transition_recent={width + 1}"]
     with pytest.raises(ValueError, match=rf"transition_recent={width + 1} exceeds the {width}"):
         evaluate.run(make_config("config", deep), trained.checkpoint)
+    for weight in ("-3", "nan", "abc"):  # named by its key, as training names it
+        bad = make_config("config", [*overrides, f"training.transition_prior={weight}"])
+        with pytest.raises(ValueError, match=r"^training.transition_prior=.* must be null"):
+            evaluate.run(bad, trained.checkpoint)
 
 
 def test_a_diverging_training_stops_before_writing_a_checkpoint_or_recommendations(make_config):
