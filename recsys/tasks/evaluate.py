@@ -264,7 +264,10 @@ def run(
     """The checkpoint (``cfg.model_ref`` when not given) and the baselines on ``splits``
     (default ``cfg.splits``, else test only)."""
     check_required(cfg, model_given=checkpoint is not None)
-    splits = tuple(cfg.get("splits") or ("test",)) if splits is None else tuple(splits)
+    if splits is None:  # default: test only; one split may be named without brackets
+        splits = cfg.get("splits")
+        splits = ("test",) if splits is None else (splits,) if isinstance(splits, str) else splits
+    splits = tuple(splits)
     if not splits or not set(splits) <= {"val", "test"} or len(set(splits)) < len(splits):
         raise ValueError(
             f"splits={list(splits)}: choose among val and test, each once, e.g. '[val,test]'"

@@ -401,6 +401,10 @@ def test_evaluate_reports_a_user_segment_beside_the_whole_split(main_run, make_c
         evaluate.run(make_config("evaluate", [*overrides, f"users={tmp_path / 'without.csv'}"]))
     with pytest.raises(ValueError, match=r"splits=\['train'\]: choose among val and test"):
         evaluate.run(make_config("evaluate", [*overrides, "splits=[train]"]))
+    with pytest.raises(ValueError, match=r"splits=\[\]: choose among val and test"):
+        evaluate.run(make_config("evaluate", [*overrides, "splits=[]"]))
+    single = evaluate.run(make_config("evaluate", [*overrides, "splits=test"]))  # not t, e, s, t
+    assert "test/ndcg_at_10" in single and not any(k.startswith("val/") for k in single)
     with pytest.raises(DataError, match=r"1 of its 3 user ids are not users .* \[1000000000\]"):
         evaluate.run(make_config("evaluate", [*overrides, f"users={tmp_path / 'unknown.csv'}"]))
     with pytest.raises(ValueError, match=r"splits=\['test', 'test'\]: .* each once"):
