@@ -241,6 +241,11 @@ def _check_optimisation(module: Any) -> None:
                 f"{{_target_: <class>, _partial_: true, ...}}; conf/training/default.yaml)"
                 + (", or null for none" if key == "scheduler" else "")
             )
+    try:
+        module.optimizer_factory(list(module.parameters()))
+    except (ValueError, TypeError) as err:  # torch names the argument, not the config key
+        settings = getattr(module.optimizer_factory, "keywords", {})
+        raise ValueError(f"training.optimizer: {err} (its settings: {settings})") from err
     built = module.optimization(steps_per_epoch=lambda: 10)
     if not isinstance(built, dict):  # no schedule
         return
@@ -769,6 +774,9 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
         os.close(fd)
 
 
+TRAINER_SWITCHES = ("enable_progress_bar", "enable_model_summary", "enable_checkpointing")
+
+
 def divergence_settings(cfg: DictConfig) -> str:
     """The settings a diverged training names (:class:`StopOnDivergence`)."""
     lr = (cfg.training.get("optimizer") or {}).get("lr")
@@ -828,6 +836,37 @@ def check_settings(cfg: DictConfig) -> None:
         )
     if trainer.get("max_steps") == 0:
         raise ValueError("trainer.max_steps=0 trains nothing: drop it, or set it >= 1 (-1: none)")
+    if trainer.get("accumulate_grad_batches") is not None:
+        check_number(
+            "trainer.accumulate_grad_batches",
+            trainer.accumulate_grad_batches,
+            integer=True,
+            minimum=1,
+            why=" (batches per optimiser step)",
+        )
+    for key, what in (("limit_train_batches", "trains"), ("limit_val_batches", "validates")):
+        limit = trainer.get(key)
+        if limit is None:
+            continue
+        check_number(f"trainer.{key}", limit, minimum=0)
+        if limit == 0 or (isinstance(limit, float) and limit > 1):
+            raise ValueError(
+                f"trainer.{key}={limit!r}: 0 {what} nothing (no checkpoint would be selected); "
+                "give a share in (0, 1] or a whole number of batches >= 1"
+            )
+    deterministic = trainer.get("deterministic")
+    if deterministic is not None and deterministic not in (True, False, "warn"):
+        raise ValueError(
+            f"trainer.deterministic={deterministic!r} must be true, false or warn (Lightning "
+            "applies other values only in part)"
+        )
+    switches = {f"trainer.{key}": trainer.get(key) for key in TRAINER_SWITCHES}
+    clock = (cfg.callbacks or {}).get("training_clock")
+    if isinstance(clock, DictConfig):
+        switches["callbacks.training_clock.test_curve"] = clock.get("test_curve")
+    for key, value in switches.items():
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{key}={value!r} must be true or false")
     precision = str(trainer.get("precision", "32-true"))
     if precision not in PRECISIONS:
         raise ValueError(
