@@ -774,6 +774,8 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
         os.close(fd)
 
 
+# validation metrics for which higher is better (the ranking metrics, coverage, ATRank's AUC)
+HIGHER_IS_BETTER = ("hr_", "ndcg_", "mrr", "coverage_", "auc", "sampled_", "retrieval_", "segment_")
 TRAINER_SWITCHES = ("enable_progress_bar", "enable_model_summary", "enable_checkpointing")
 
 
@@ -902,6 +904,15 @@ def check_settings(cfg: DictConfig) -> None:
                     f"callbacks.{key}.decay={decay} must lie strictly between 0 and 1 (e.g. "
                     "0.999): at 1 the average keeps the initial weights, at 0 it is no average"
                 )
+        if isinstance(callback, DictConfig) and callback.get("min_delta") is not None:
+            check_number(f"callbacks.{key}.min_delta", callback.min_delta, minimum=0)
+        monitor = callback.get("monitor") if isinstance(callback, DictConfig) else None
+        name = str(monitor or "").split("/")[-1]
+        if name.startswith(HIGHER_IS_BETTER) and callback.get("mode") == "min":
+            raise ValueError(
+                f"callbacks.{key}.mode=min with monitor={monitor!r}: higher is better for "
+                "that metric, so min would select (or stop at) the worst epoch; set mode=max"
+            )
         patience = callback.get("patience") if isinstance(callback, DictConfig) else None
         if patience is not None and (
             isinstance(patience, bool) or not isinstance(patience, int) or patience < 0

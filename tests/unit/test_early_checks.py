@@ -34,6 +34,8 @@ from recsys.tasks import main, prepare, train
         ("+trainer.limit_train_batches=0", r"^trainer.limit_train_batches=0: 0 trains nothing"),
         ("+trainer.limit_val_batches=0", r"^trainer.limit_val_batches=0: 0 validates nothing"),
         ("+trainer.limit_val_batches=1.5", r"^trainer.limit_val_batches=1.5: .* \(0, 1\]"),
+        ("callbacks.model_checkpoint.mode=min", r"^callbacks.model_checkpoint.mode=min with"),
+        ("+callbacks.early_stopping.min_delta=nan", r"^callbacks.early_stopping.min_delta=nan"),
         ("trainer.deterministic=maybe", r"^trainer.deterministic='maybe' must be true, false or"),
         ("trainer.enable_progress_bar=maybe", r"^trainer.enable_progress_bar='maybe' must be true"),
         (
