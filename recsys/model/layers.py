@@ -473,6 +473,13 @@ class LowPassFilter(nn.Module):
         d_model = _check_int("d_model", d_model)
         frequencies = _check_filter_frequencies(frequencies)
         length = self.max_seq_len
+        if frequencies // 2 + 1 >= length // 2 + 1:
+            raise ValueError(
+                f"filter_frequencies={frequencies} keeps all {length // 2 + 1} frequencies of a "
+                f"window of {length} events (max_seq_len), so the low-pass branch would pass the "
+                "sequence unchanged: take a c with c // 2 + 1 below that, at most "
+                f"{max(2 * (length // 2) - 1, 0)} (BSARec: 5 for windows of 50)"
+            )
         spectrum = torch.fft.rfft(torch.eye(length), dim=0, norm="ortho")  # (L//2+1, L)
         spectrum[frequencies // 2 + 1 :] = 0
         # Column s is the low-pass of a unit impulse at s: low[t] = sum_s projection[t, s] x[s].
