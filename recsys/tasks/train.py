@@ -1045,6 +1045,14 @@ def _run(
             target_behaviors=trained_targets(cfg, datamodule.vocab.behaviors),
         ),
     )
+    rankable = datamodule.vocab.num_items - NUM_RESERVED
+    if trivial := [k for k in module.metric_ks if k >= rankable]:
+        log.warning(
+            "training.metric_ks %s reach the catalogue's %d rankable items: every ranked target "
+            "is a hit at those cutoffs (HR 1), so they measure nothing; use smaller ones",
+            trivial,
+            rankable,
+        )
     resume = resume_checkpoint(cfg, encoder, datamodule.stats["fingerprint"])
     continued = resumed_run_id(cfg) if tracker is None else None  # (else the caller's run)
     with use_tracker(

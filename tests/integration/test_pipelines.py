@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -1511,6 +1512,14 @@ def test_evaluate_measures_a_transition_prior_on_a_model_trained_without_one(mak
         bad = make_config("config", [*overrides, f"training.transition_prior={weight}"])
         with pytest.raises(ValueError, match=r"^training.transition_prior=.* must be null"):
             evaluate.run(bad, trained.checkpoint)
+
+
+def test_metric_cutoffs_as_deep_as_the_catalogue_are_named_in_a_warning(make_config, caplog):
+    overrides = [*TINY, *NO_RERANK, "logger=none", "trainer.max_epochs=1"]
+    cfg = make_config("config", [*overrides, "training.metric_ks=[10,100000]"])
+    with caplog.at_level("WARNING", logger="recsys.tasks.train"):
+        train.run(cfg)
+    assert re.search(r"metric_ks \[100000\] reach the catalogue's \d+ rankable items", caplog.text)
 
 
 def test_a_diverging_training_stops_before_writing_a_checkpoint_or_recommendations(make_config):
