@@ -142,6 +142,12 @@ class PartitionedOutput:
     def parts_done(self) -> int:
         return len(list(self.staging.glob("part-*.parquet")))
 
+    def abandon(self) -> None:
+        """A job that failed before writing any part: its staging folder, which holds nothing
+        to resume, goes (one that holds parts stays, for the job run again to continue)."""
+        if not self.complete and self.staging.exists() and not any(self.staging.rglob("part-*")):
+            shutil.rmtree(self.staging)
+
     def write(self, index: int, frame: pl.DataFrame) -> None:
         for file_format in self.formats:
             path = self._part(index, file_format)

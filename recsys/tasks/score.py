@@ -340,7 +340,11 @@ def run(
     device = pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
     timings = {}
     if not output.complete:
-        recommender = Recommender(model, data, rules=rules, options=options, device=device)
+        try:  # rules and options checked against the catalogue: nothing left behind if refused
+            recommender = Recommender(model, data, rules=rules, options=options, device=device)
+        except BaseException:
+            output.abandon()
+            raise
         timings["score/setup_seconds"] = time.perf_counter() - started
         chunks = _chunks(data, options.user_chunk_size)
         scoring_started = time.perf_counter()

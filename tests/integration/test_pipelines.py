@@ -611,6 +611,22 @@ def test_main_job_checks_its_scoring_settings_before_it_trains(
         main.run(cfg)
 
 
+def test_a_scoring_job_refused_by_its_rules_leaves_no_staging_folder(
+    main_run, make_config, tmp_path
+):
+    """An allow list of ids the catalogue does not have is refused once the catalogue is
+    built; the staging folder made for the parts (and its manifest) stayed behind."""
+    _, result = main_run
+    allowed = tmp_path / "allow.csv"
+    pl.DataFrame({"item_id": [999_999_999, 888_888_888]}).write_csv(allowed)
+    out = tmp_path / "recommendations"
+    overrides = [f"model_ref={result.checkpoint}", "logger=none", *TINY_DATA]
+    overrides += [f"retrieval.output.path={out}", f"retrieval.rules.allow_list={allowed}"]
+    with pytest.raises((ValueError, DataError), match="allow_list"):
+        score.run(make_config("score", overrides))
+    assert [p.name for p in tmp_path.iterdir()] == ["allow.csv"]
+
+
 def test_main_job_refuses_an_output_path_it_may_not_write_before_it_trains(
     make_config, monkeypatch, tmp_path
 ):
