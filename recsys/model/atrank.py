@@ -264,6 +264,12 @@ class ATRank(nn.Module):
             )
         )
         behavior_projection = _check_bool("behavior_projection", behavior_projection)
+        if item_dim is None and not key_projection and attribute_dim >= d_model:
+            raise ValueError(
+                f"attribute_dim={attribute_dim} leaves no room for the item features in "
+                f"d_model={d_model} (item features ⊕ attribute bag = d_model): set attribute_dim "
+                f"below {d_model}, e.g. {max(1, d_model // 2)} (the default), or 0 for items only"
+            )
         if item_dim is None:  # features used as keys or as tokens fill d_model
             projected = key_projection and behavior_projection
             item_dim = d_model if projected else max(1, d_model - attribute_dim)

@@ -438,6 +438,7 @@ def test_rerank_empty_history_gives_zero_attention() -> None:
         ({"causal": "yes"}, r"causal='yes' is invalid: pass True or False"),
         ({"num_attributes": 1}, r"num_attributes=1 is invalid: pass an integer >= 2"),
         ({"attribute_dim": -1}, r"attribute_dim=-1 is invalid: pass an integer >= 0"),
+        ({"d_model": 16, "attribute_dim": 64}, r"attribute_dim=64 leaves no room .* below 16"),
         (
             {"key_projection": False, "item_dim": 64},
             r"item_dim \+ attribute_dim must equal d_model: got 64 \+ 32 != 64",
