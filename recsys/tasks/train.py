@@ -814,21 +814,14 @@ def check_settings(cfg: DictConfig) -> None:
             ">= 1 (early stopping usually ends training sooner) or -1 (no limit)"
         )
     trainer = cfg.trainer or {}
-    if trainer.get("gradient_clip_val") is not None:  # torch scales by a negative one: ascent
-        check_number(
-            "trainer.gradient_clip_val",
-            trainer.gradient_clip_val,
-            minimum=0,
-            why=" (the largest gradient norm; 0 or null: no clipping)",
-        )
-    if trainer.get("check_val_every_n_epoch") is not None:
-        check_number(
-            "trainer.check_val_every_n_epoch",
-            trainer.check_val_every_n_epoch,
-            integer=True,
-            minimum=1,
-            why=" (validation selects the checkpoint)",
-        )
+    for key, integer, minimum, why in (
+        # a negative clip: torch scales the gradients by it (ascent)
+        ("gradient_clip_val", False, 0, " (the largest gradient norm; 0 or null: no clipping)"),
+        ("check_val_every_n_epoch", True, 1, " (validation selects the checkpoint)"),
+        ("accumulate_grad_batches", True, 1, " (batches per optimiser step)"),
+    ):
+        if trainer.get(key) is not None:
+            check_number(f"trainer.{key}", trainer[key], integer=integer, minimum=minimum, why=why)
     every = trainer.get("check_val_every_n_epoch") or 1
     if isinstance(epochs, int) and epochs > 0 and isinstance(every, int) and every > epochs:
         raise ValueError(
@@ -838,14 +831,6 @@ def check_settings(cfg: DictConfig) -> None:
         )
     if trainer.get("max_steps") == 0:
         raise ValueError("trainer.max_steps=0 trains nothing: drop it, or set it >= 1 (-1: none)")
-    if trainer.get("accumulate_grad_batches") is not None:
-        check_number(
-            "trainer.accumulate_grad_batches",
-            trainer.accumulate_grad_batches,
-            integer=True,
-            minimum=1,
-            why=" (batches per optimiser step)",
-        )
     for key, what in (("limit_train_batches", "trains"), ("limit_val_batches", "validates")):
         limit = trainer.get(key)
         if limit is None:
