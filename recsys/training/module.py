@@ -837,12 +837,15 @@ def _transition_prior(
     weight 0: the train task chooses the weight on validation once the best checkpoint is
     known. The three settings are checked even with the prior off, so that a sweep's absurd
     value is refused before it trains."""
-    check_prior_settings(window=window, recent=recent, decay=decay)
+    check_prior_settings(  # the input window bounds the recent items of a prior in use
+        window=window,
+        recent=recent,
+        decay=decay,
+        weight=setting,
+        max_seq_len=None if setting is None else max_seq_len,
+    )
     if setting is None:
         return None
-    check_prior_settings(
-        window=window, recent=recent, decay=decay, weight=setting, max_seq_len=max_seq_len
-    )
     if rerank_top_n:
         raise ValueError(
             "training.transition_prior adds to the retrieval scores, which the re-rank stage "
