@@ -26,9 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import random
-import shutil
 import sys
-import tempfile
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
@@ -37,7 +35,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from fuzzing import fuzz_seeds
+from fuzzing import fuzz_seeds, run_seeds
 
 import recsys.data as rd
 from recsys.data.datamodule import SeqRecDataModule
@@ -486,19 +484,4 @@ def test_fuzz_batches(seed, tmp_path):
 
 
 if __name__ == "__main__":
-    import traceback
-
-    lo, hi = int(sys.argv[1]), int(sys.argv[2])
-    failures, outcomes = [], Counter()
-    for seed in range(lo, hi):
-        root = Path(tempfile.mkdtemp())
-        try:
-            outcomes[run_case(seed, root)] += 1
-        except Exception as err:  # noqa: BLE001
-            failures.append(seed)
-            print(f"--- seed {seed}: {type(err).__name__}: {str(err)[:800]}")
-            if os.environ.get("TB"):
-                traceback.print_exc()
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    print(f"{len(failures)} failures of {hi - lo}: {failures}; outcomes {dict(outcomes)}")
+    run_seeds(run_case, int(sys.argv[1]), int(sys.argv[2]))

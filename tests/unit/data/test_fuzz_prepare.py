@@ -17,19 +17,17 @@ Default run: 80 seeds (~15 s). More: ``FUZZ_SEEDS=0:500 pytest ...`` or
 from __future__ import annotations
 
 import math
-import os
 import random
-import shutil
 import sys
-import tempfile
 from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
-from fuzzing import fuzz_seeds
+from fuzzing import fuzz_seeds, run_seeds
 from polars.testing import assert_frame_equal as _afe
 
 import recsys.data as rd
@@ -856,21 +854,7 @@ def test_fuzz_prepare(seed, tmp_path):
 
 if __name__ == "__main__":
     import logging
-    import traceback
 
     logging.disable(logging.WARNING)
-    lo, hi = int(sys.argv[1]), int(sys.argv[2])
-    formats = len(sys.argv) > 3
-    failures = []
-    for seed in range(lo, hi):
-        root = Path(tempfile.mkdtemp())
-        try:
-            run_case(seed, root, formats=formats)
-        except Exception as err:  # noqa: BLE001
-            failures.append(seed)
-            print(f"--- seed {seed}: {type(err).__name__}: {str(err)[:600]}")
-            if os.environ.get("TB"):
-                traceback.print_exc()
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    print(f"{len(failures)} failures of {hi - lo}: {failures}")
+    formats = len(sys.argv) > 3  # a third argument: also the file formats' round trips
+    run_seeds(partial(run_case, formats=formats), int(sys.argv[1]), int(sys.argv[2]))
