@@ -11,7 +11,12 @@ change the other's figures), taking turns between its settings after a warm-up:
   one table (348 MB) and in the row chunks ``cpu_chunk_length`` gives (and two fixed sizes);
 - **search**: exact top-10 search of 512 queries over 1 M random keys with ``chunked_topk``, in
   chunks of 65,536 items (scoring's ``item_chunk_size``), 16,384, 8,192 (what
-  ``cpu_chunk_length`` cuts it to) and 4,096.
+  ``cpu_chunk_length`` cuts it to) and 4,096;
+- **evaluation**: ``SeqRecModule.evaluation_metrics`` of one 512-row batch (SASRec, width 64,
+  windows of 50, ``seen_items=exclude``) over 1 M items, its score tables made for the whole
+  batch at once and in the row chunks ``table_chunk_length`` gives (16 rows). Each setting
+  runs in a fresh process of its own, as its peak RSS (the process's, above what it held
+  before the first batch) is the point.
 
 Prints the median milliseconds and minor page faults of each. Figures, not a test: see
 ``benchmarks/README.md``, "Training speed".
@@ -33,7 +38,12 @@ from recsys.allocation import cpu_chunk_length
 from recsys.retrieval.index import MIN_ITEM_CHUNK, chunked_topk
 from recsys.training.module import MIN_LOGIT_CHUNK_ROWS
 
-MEASUREMENTS = {"loss": "loss step", "search": "search of one batch"}
+MEASUREMENTS = {
+    "loss": "loss step",
+    "search": "search of one batch",
+    "evaluation": "evaluation of one batch",
+}
+EVAL_SETTINGS = ("whole", "chunked")
 
 
 def alternate(fns: dict, repeats: int) -> dict[str, tuple[float, float]]:
@@ -97,6 +107,43 @@ def search_rows(users: int, items: int, dim: int, repeats: int) -> dict[str, tup
     return alternate({names[n]: search(n) for n in dict.fromkeys(sizes)}, repeats)
 
 
+def evaluation_rows(
+    users: int, items: int, dim: int, repeats: int, setting: str
+) -> dict[str, tuple[float, float]]:
+    from recsys.data.batch import SeqBatch
+    from recsys.model.sasrec import SASRec
+    from recsys.training import module as module_code
+
+    torch.manual_seed(0)
+    encoder = SASRec(num_items=items, max_seq_len=50, d_model=dim, num_heads=2, dropout=0.0)
+    module = module_code.SeqRecModule(encoder, None, seen_items="exclude").eval()
+    mask = torch.ones(users, 50, dtype=torch.bool)
+    batch = SeqBatch(
+        item=torch.randint(2, items, (users, 50)),
+        behavior=mask.long() * 2,
+        time_bucket=mask.long(),
+        padding_mask=mask,
+        query_time_bucket=mask.long(),
+        target_item=torch.randint(2, items, (users,)),
+        target_behavior=torch.full((users,), 2),
+        user_index=torch.arange(users),
+    )
+    if setting == "whole":
+        module_code.table_chunk_length = lambda rows, *args, **kwargs: rows
+    chunk = module_code.table_chunk_length(
+        users, 4 * items, "cpu", minimum=module_code.MIN_EVAL_CHUNK_ROWS
+    )
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def run():
+        with torch.no_grad():
+            module.evaluation_metrics(batch)
+
+    row = alternate({"": run}, repeats)[""]
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 2**20  # KiB -> GiB
+    return {f"{setting}: tables of {chunk} rows, peak RSS +{grown:.2f} GiB": row}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="rounds after the warm-up")
@@ -104,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss-items", type=int, default=3_400)
     parser.add_argument("--users", type=int, default=512, help="search: queries per batch")
     parser.add_argument("--search-items", type=int, default=1_000_000)
+    parser.add_argument("--eval-items", type=int, default=1_000_000)
     parser.add_argument("--only", choices=MEASUREMENTS, help=argparse.SUPPRESS)
+    parser.add_argument("--setting", choices=EVAL_SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
@@ -112,13 +161,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = loss_rows(args.rows, args.loss_items, 64, args.repeats)
     elif args.only == "search":
         rows = search_rows(args.users, args.search_items, 64, args.repeats)
+    elif args.only == "evaluation":
+        rows = evaluation_rows(args.users, args.eval_items, 64, args.repeats, args.setting)
     else:  # the parent: one fresh process per measurement
         sys.stdout.write(
             "| measurement | setting | median ms | median page faults |\n|---|---|---:|---:|\n"
         )
+        given = argv if argv is not None else sys.argv[1:]
         for only in MEASUREMENTS:
             command = [sys.executable, "-m", "benchmarks.allocation_benchmark", "--only", only]
-            subprocess.run([*command, *(argv if argv is not None else sys.argv[1:])], check=True)
+            for setting in EVAL_SETTINGS if only == "evaluation" else [None]:
+                extra = [] if setting is None else ["--setting", setting]
+                subprocess.run([*command, *extra, *given], check=True)
         return 0
     what = MEASUREMENTS[args.only]
     for name, (ms, faults) in rows.items():

@@ -18,6 +18,7 @@ import torch
 
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX)
 CHUNK_BYTES = 16 * 2**20  # what a chunk's table is cut down to
+DEVICE_TABLE_BYTES = 2**30  # an accelerator's largest table where memory, not speed, bounds it
 
 
 def cpu_chunk_length(
@@ -30,3 +31,17 @@ def cpu_chunk_length(
     if torch.device(device).type != "cpu" or length * unit_bytes < MMAP_THRESHOLD_MAX:
         return length
     return max(1, min(length, max(minimum, CHUNK_BYTES // max(unit_bytes, 1))))
+
+
+def table_chunk_length(
+    length: int, unit_bytes: int, device: torch.device | str, *, minimum: int = 1
+) -> int:
+    """The chunk length for a table that must stay bounded in memory wherever it is made (an
+    evaluation batch's (rows x items) scores, whose size the catalogue sets): as
+    :func:`cpu_chunk_length` on a CPU; on an accelerator as many units as fit in
+    ``DEVICE_TABLE_BYTES``, at least ``minimum``."""
+    if torch.device(device).type == "cpu":
+        return cpu_chunk_length(length, unit_bytes, device, minimum=minimum)
+    if length * unit_bytes <= DEVICE_TABLE_BYTES:
+        return length
+    return max(1, min(length, max(minimum, DEVICE_TABLE_BYTES // max(unit_bytes, 1))))

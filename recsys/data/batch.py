@@ -56,6 +56,10 @@ class SeqBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return SeqBatch(**{k: None if v is None else fn(v) for k, v in values.items()})
 
+    def rows(self, part: slice | torch.Tensor) -> SeqBatch:
+        """The rows ``part`` (a slice: views; or an index tensor) of every field."""
+        return self._map(lambda t: t[part])
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SeqBatch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -22,6 +23,12 @@ class EncoderOutput:
     hidden: torch.Tensor
     query: torch.Tensor
     padding_mask: torch.Tensor
+
+    def rows(self, part: slice | torch.Tensor) -> EncoderOutput:
+        """The rows ``part`` (a slice: views; or an index tensor) of every field."""
+        return dataclasses.replace(
+            self, **{f.name: getattr(self, f.name)[part] for f in dataclasses.fields(self)}
+        )
 
 
 def history_attention(probes: torch.Tensor, output: EncoderOutput) -> torch.Tensor:

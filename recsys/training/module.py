@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recsys.allocation import cpu_chunk_length
+from recsys.allocation import cpu_chunk_length, table_chunk_length
 from recsys.checkpoint import CHECKPOINT_KEY
 from recsys.data.batch import SeqBatch
 from recsys.model.layers import _check_dropout
@@ -93,6 +93,7 @@ from recsys.training.metrics import (
 OBJECTIVES = ("retrieval", "target_attention")
 CONTRASTIVE_POSITIVES = ("dropout", "same_target")
 MIN_LOGIT_CHUNK_ROWS = 256  # a huge catalogue: few chunks rather than one per handful of rows
+MIN_EVAL_CHUNK_ROWS = 16  # evaluation's chunks of rows: at least this many, however wide
 
 
 def same_target_partners(contrastive_weight: object, contrastive_positive: object) -> bool:
@@ -629,18 +630,50 @@ class SeqRecModule(pl.LightningModule):
         self, batch: SeqBatch, coverage: CoverageAccumulator | None = None
     ) -> dict[str, torch.Tensor]:
         """Per-row metrics of one evaluation batch (target = ``batch.target_item`` (B,)); the
-        two-stage top K of every row goes into ``coverage`` when given."""
+        two-stage top K of every row goes into ``coverage`` when given.
+
+        The catalogue's (rows x items) score tables are made for a chunk of rows at a time
+        (:func:`recsys.allocation.table_chunk_length`: under 32 MiB on a CPU, 1 GiB on an
+        accelerator, but at least ``MIN_EVAL_CHUNK_ROWS`` rows), so that a large catalogue's
+        evaluation stays bounded in memory: at 1 M items a 512-row batch made several 2 GiB
+        tables at once. Every metric is a function of its own row, so chunks give the same
+        values."""
         output = self(batch)
+        rows = len(batch)
+        chunk = table_chunk_length(
+            rows, 4 * self.encoder.num_items, self.device, minimum=MIN_EVAL_CHUNK_ROWS
+        )
+        if chunk >= rows:
+            return self._ranked_metrics(batch, output, None, coverage)
+        keys = None
+        if hasattr(self.encoder, "item_keys"):  # a model's keys, made once for every chunk
+            with torch.autocast(self.device.type, enabled=False):
+                keys = self.encoder.item_keys().float()
+        parts = [
+            self._ranked_metrics(batch.rows(part), output.rows(part), keys, coverage)
+            for part in (slice(start, start + chunk) for start in range(0, rows, chunk))
+        ]
+        return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+    def _ranked_metrics(
+        self,
+        batch: SeqBatch,
+        output,
+        keys: torch.Tensor | None,
+        coverage: CoverageAccumulator | None,
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`evaluation_metrics` of rows whose encoder ``output`` is computed (``keys``:
+        the encoder's item keys, or None to have ``score_items`` make them)."""
         # the catalogue is scored in float32 even under bf16-mixed autocast (trainer=gpu): bf16
         # keeps ~3 significant digits, so many items would tie with the target, and ties rank
         # in the target's favour
         with torch.autocast(self.device.type, enabled=False):
-            raw = self.encoder.score_items(output.query.float()).float()  # (B, I)
+            given = {} if keys is None else {"keys": keys}
+            raw = self.encoder.score_items(output.query.float(), **given).float()  # (B, I)
         if self.transition_prior is not None:  # + weight * log(1 + count(recent item -> item))
             raw = self.transition_prior.add_to(raw, batch.item)
         # the (B, I) mask of each row's history, built once for every rule below that needs it
-        needs_seen = self.seen_items != "keep" or self.sampled is not None
-        seen = seen_mask(raw, batch.seen) if needs_seen else None
+        seen = seen_mask(raw, batch.seen) if self.seen_items != "keep" else None
         scores = apply_seen_policy(raw, batch.seen, self.seen_items, seen=seen)
         metrics = {
             f"retrieval_{name}": value
@@ -676,27 +709,30 @@ class SeqRecModule(pl.LightningModule):
         if coverage is not None:
             coverage.update(listed[:, :depth])
         if self.sampled is not None:
-            metrics.update(self._sampled_metrics(raw, batch, seen))
+            metrics.update(self._sampled_metrics(raw, batch))
         return metrics
 
-    def _sampled_metrics(
-        self, scores: torch.Tensor, batch: SeqBatch, seen: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
+    def _sampled_metrics(self, scores: torch.Tensor, batch: SeqBatch) -> dict[str, torch.Tensor]:
         """HR/NDCG against ``num_negatives`` sampled items the user has not interacted with
-        (before the target; ``seen`` (B, I) marks them), and ATRank's AUC. Each row draws, with
+        (before the target: ``batch.seen``), and ATRank's AUC. Each row draws, with
         replacement, from the sampler's distribution over the items it has not had (SASRec's
         protocol redraws a negative that falls in the history), so every row is ranked against
-        ``num_negatives`` of them, however long its history. Negatives are drawn from a
-        generator seeded by the batch's user rows, so every model is evaluated against the same
-        negatives."""
+        ``num_negatives`` of them, however long its history. Each row draws from a generator
+        seeded by its user row and target item, so every model is evaluated against the same
+        negatives, whatever the batch size, the rows' order or their chunks."""
         sampler, count = self.sampled
-        generator = torch.Generator().manual_seed(int(batch.user_index.sum()) * 7919 + len(batch))
-        weights = sampler.probs.expand(len(batch), -1).masked_fill(seen.cpu(), 0.0)
-        weights = weights.scatter(1, batch.target_item.cpu()[:, None], 0.0)  # (B, I)
-        none_left = weights.sum(dim=1) == 0  # a user who has had every item: no negative
-        weights[none_left] = sampler.probs
-        negatives = torch.multinomial(weights, count, replacement=True, generator=generator)
-        valid = ~none_left[:, None].expand_as(negatives)
+        probs = sampler.probs  # (I,) on the CPU
+        seen, targets = batch.seen.cpu(), batch.target_item.cpu()
+        negatives = torch.empty(len(batch), count, dtype=torch.long)
+        valid = torch.ones(len(batch), count, dtype=torch.bool)
+        for row, (user, target) in enumerate(zip(batch.user_index.tolist(), targets.tolist())):
+            weights = probs.clone()
+            weights[seen[row]] = 0.0
+            weights[target] = 0.0
+            if not weights.sum() > 0:  # a user who has had every item: no negative
+                weights, valid[row] = probs, False
+            generator = torch.Generator().manual_seed(user * 7919 + target)
+            negatives[row] = torch.multinomial(weights, count, True, generator=generator)
         ranks, auc = sampled_ranks(
             scores, batch.target_item, negatives.to(scores.device), valid.to(scores.device)
         )

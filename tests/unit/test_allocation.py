@@ -52,3 +52,14 @@ def test_exact_search_on_a_cpu_scores_the_catalogue_in_cut_chunks_with_the_same_
     monkeypatch.setattr(allocation, "CHUNK_BYTES", 6 * 4 * 500)  # under the floor
     torch.testing.assert_close(index.search(query, 20, seen), whole)
     assert widths == [MIN_ITEM_CHUNK] * 4 + [5000 - 4 * MIN_ITEM_CHUNK]
+
+
+def test_a_bounded_table_is_cut_as_on_a_cpu_there_and_to_a_gib_on_an_accelerator():
+    from recsys.allocation import DEVICE_TABLE_BYTES, table_chunk_length
+
+    assert table_chunk_length(512, 4 * 12_101, "cpu") == 512  # Beauty: 25 MB, one table
+    assert table_chunk_length(512, 4 * 10**6, "cpu", minimum=16) == 16  # 1 M items
+    # off a CPU (meta stands for an accelerator) only memory bounds it: 1 GiB
+    assert table_chunk_length(512, 4 * 10**5, "meta") == 512  # 205 MB
+    assert table_chunk_length(512, 4 * 10**6, "meta") == DEVICE_TABLE_BYTES // (4 * 10**6) == 268
+    assert table_chunk_length(512, 4 * 10**9, "meta", minimum=16) == 16

@@ -143,3 +143,88 @@ def test_a_schedule_set_in_epochs_counts_optimizer_steps_not_batches(batches, ac
     config = m.configure_optimizers()
     assert seen["steps_per_epoch"] == expected
     assert config["lr_scheduler"]["interval"] == "step"
+
+
+def atrank_eval_batch(rows: int = 7) -> SeqBatch:
+    g = torch.Generator().manual_seed(5)
+    width = 6
+    lengths = torch.randint(1, width + 1, (rows,), generator=g)
+    mask = torch.arange(width)[None, :] >= width - lengths[:, None]
+    item = torch.randint(2, NUM_ITEMS, (rows, width), generator=g) * mask
+    return SeqBatch(
+        item=item,
+        behavior=torch.randint(2, 5, (rows, width), generator=g) * mask,
+        time_bucket=torch.randint(1, 6, (rows, width), generator=g) * mask,
+        padding_mask=mask,
+        query_time_bucket=torch.randint(1, 6, (rows, width), generator=g) * mask,
+        target_item=torch.randint(2, NUM_ITEMS, (rows,), generator=g),
+        target_behavior=torch.full((rows,), 2),
+        user_index=torch.arange(10, 10 + rows),
+        seen_item=torch.randint(2, NUM_ITEMS, (rows, 9), generator=g),
+    )
+
+
+@pytest.mark.parametrize("seen_items", ["keep", "zero", "exclude"])
+def test_evaluation_in_chunks_of_rows_gives_every_rows_metrics_and_coverage(
+    monkeypatch, seen_items
+):
+    """A large catalogue's (rows x items) tables are made a chunk of rows at a time; every
+    metric (two-stage, sampled, AUC) and the coverage stay those of the whole batch."""
+    from recsys.training import module as module_code
+    from recsys.training.metrics import CoverageAccumulator
+    from tests.unit.training.test_module import encoder
+
+    m = SeqRecModule(
+        encoder(num_items=NUM_ITEMS),
+        None,
+        behaviors=["view", "cart", "purchase"],
+        metric_ks=(1, 5),
+        seen_items=seen_items,
+        rerank_top_n=6,
+        sampled_metrics={"num_negatives": 8, "sampler": "uniform"},
+    ).eval()
+    batch = atrank_eval_batch()
+
+    def metrics():
+        coverage = CoverageAccumulator(NUM_ITEMS, m.metric_ks)
+        with torch.no_grad():
+            return m.evaluation_metrics(batch, coverage), coverage.compute()
+
+    whole, whole_coverage = metrics()
+    widths = []
+    score_items = m.encoder.score_items
+    monkeypatch.setattr(
+        m.encoder, "score_items", lambda q, keys=None: widths.append(len(q)) or score_items(q)
+    )
+    monkeypatch.setattr(module_code, "table_chunk_length", lambda rows, *a, **k: 3)
+    chunked, chunked_coverage = metrics()
+    assert widths[:3] == [3, 3, 1]  # stage 1 scored the catalogue for 3, 3 and 1 rows
+    assert chunked.keys() == whole.keys() and {"auc", "sampled_ndcg_at_5", "mrr"} <= whole.keys()
+    for name, value in whole.items():
+        torch.testing.assert_close(chunked[name], value, msg=name)
+    assert chunked_coverage == whole_coverage
+
+
+def test_a_rows_sampled_negatives_do_not_depend_on_the_rest_of_its_batch():
+    """Each row's negatives come from a generator of its own (its user row and target), so a
+    model is evaluated against the same negatives whatever the batch size or row order."""
+    from tests.unit.training.test_module import encoder
+
+    m = SeqRecModule(
+        encoder(num_items=NUM_ITEMS),
+        None,
+        behaviors=["view", "cart", "purchase"],
+        metric_ks=(5,),
+        sampled_metrics={"num_negatives": 5, "sampler": "popularity"},
+        item_counts=torch.arange(NUM_ITEMS),
+    ).eval()
+    batch = atrank_eval_batch()
+    order = torch.tensor([4, 0, 6, 2, 1, 5, 3])
+    with torch.no_grad():
+        whole = m.evaluation_metrics(batch)
+        shuffled = m.evaluation_metrics(batch.rows(order))
+        halves = [m.evaluation_metrics(batch.rows(slice(a, b))) for a, b in [(0, 2), (2, 7)]]
+    for name in ("auc", "sampled_hr_at_5", "sampled_ndcg_at_5"):
+        torch.testing.assert_close(shuffled[name], whole[name][order], msg=name)
+        torch.testing.assert_close(torch.cat([h[name] for h in halves]), whole[name], msg=name)
+    assert 0 < whole["auc"].mean() < 1  # the comparison is not degenerate
