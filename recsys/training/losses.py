@@ -101,14 +101,23 @@ def distillation(
     temperature: float = 1.0,
     weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``τ² · KL(teacher ‖ softmax(logits / τ))`` per row. Shapes: logits (M, I) raw scores,
-    teacher_log_probs (M, I) the teacher's log-probabilities at temperature τ (-inf: left
-    out, as the logits there must be too)."""
+    """``τ² · KL(teacher ‖ softmax(logits / τ))``, the weighted mean of
+    :func:`distillation_rows`. Shapes: logits (M, I), teacher_log_probs (M, I), weight (M,)
+    or None -> ()."""
+    return weighted_mean(distillation_rows(logits, teacher_log_probs, temperature), weight)
+
+
+def distillation_rows(
+    logits: torch.Tensor, teacher_log_probs: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """``τ² · KL(teacher ‖ softmax(logits / τ))`` of each row. Shapes: logits (M, I) raw
+    scores, teacher_log_probs (M, I) the teacher's log-probabilities at temperature τ (-inf:
+    left out, as the logits there must be too) -> (M,)."""
     log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
     teacher = teacher_log_probs.float()
     kept = torch.isfinite(teacher)
     terms = torch.where(kept, teacher.exp() * (teacher - log_probs), 0.0)
-    return weighted_mean(terms.sum(-1), weight) * temperature**2
+    return terms.sum(-1) * temperature**2
 
 
 def attribute_softmax(

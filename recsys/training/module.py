@@ -437,19 +437,25 @@ class SeqRecModule(pl.LightningModule):
         On a CPU, logits of 32 MiB or more are made and freed in chunks of rows
         (:func:`recsys.allocation.cpu_chunk_length`: glibc maps such blocks afresh from the
         kernel at every step); chunks give the same losses up to float rounding."""
-        rows = len(target)
-        chunk = cpu_chunk_length(
-            max(rows, 1), 4 * self.encoder.num_items, hidden.device, minimum=MIN_LOGIT_CHUNK_ROWS
-        )
-        keys = self.encoder.item_keys() if chunk < rows else None  # once for every chunk
+        chunks = self._logit_chunks(len(target), hidden.device)
+        keys = self.encoder.item_keys() if len(chunks) > 1 else None  # once for every chunk
         parts = []
-        for start in range(0, max(rows, 1), chunk):
-            part = slice(start, start + chunk)
+        for part in chunks:
             logits = self.encoder.score_items(hidden[part], keys=keys)  # (chunk, I)
             if history is not None:
                 logits = exclude_items(logits, history[part])
             parts.append(losses.full_softmax_rows(logits, target[part], self.label_smoothing))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _logit_chunks(self, rows: int, device: torch.device) -> list[slice]:
+        """The row chunks in which a training loss makes its (rows x items) logits: one on an
+        accelerator or under 32 MiB, else 16 MiB of rows (at least ``MIN_LOGIT_CHUNK_ROWS``;
+        :func:`recsys.allocation.cpu_chunk_length`)."""
+        rows = max(rows, 1)
+        size = cpu_chunk_length(
+            rows, 4 * self.encoder.num_items, device, minimum=MIN_LOGIT_CHUNK_ROWS
+        )
+        return [slice(start, start + size) for start in range(0, rows, size)]
 
     def _attribute_loss(self, output, batch: SeqBatch, has_target: torch.Tensor) -> torch.Tensor:
         target = batch.target_item[has_target]  # (M,)
@@ -575,32 +581,41 @@ class SeqRecModule(pl.LightningModule):
         ``exclude_seen_from_loss`` each position's earlier items are left out of both). The
         teachers read ``teacher_batch`` (the batch before ``input_mask_prob`` masked it: their
         distribution is that of the real history), else ``batch``; its input items are also
-        the earlier items left out of both."""
+        the earlier items left out of both. The (positions x items) tables are made in the
+        full softmax's chunks of rows (:meth:`_logit_chunks`)."""
         teacher_batch = batch if teacher_batch is None else teacher_batch
         earlier = earlier_items(teacher_batch, trained) if self.exclude_seen_from_loss else None
         temperature = self.distill_temperature
-
-        def scores(encoder: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-            logits = encoder.score_items(hidden[trained]).float()
-            if earlier is not None:
-                logits = exclude_items(logits, earlier)
-            return logits
-
         with torch.no_grad():
             inputs = teacher_batch.model_inputs()
-            teacher = torch.stack(
-                [
-                    torch.log_softmax(scores(t, t(*inputs).hidden) / temperature, -1)
-                    for t in self._teachers
-                ]
-            ).mean(0)
-            teacher = torch.log_softmax(teacher, -1)
-        return losses.distillation(
-            scores(self.encoder, output.hidden),
-            teacher,
-            temperature,
-            self._target_weight(batch.target_behavior[trained]),
-        )
+            teacher_hidden = [t(*inputs).hidden[trained] for t in self._teachers]  # (M, D) each
+        hidden = output.hidden[trained]
+        chunks = self._logit_chunks(len(hidden), hidden.device)
+        models = [self.encoder, *self._teachers]
+        # each model's keys once for every chunk (a teacher's: without gradients)
+        keys = [None] * len(models)
+        if len(chunks) > 1:
+            keys[0] = self.encoder.item_keys()
+            with torch.no_grad():
+                keys[1:] = [t.item_keys() for t in self._teachers]
+
+        def scores(index: int, hidden: torch.Tensor, part: slice) -> torch.Tensor:
+            logits = models[index].score_items(hidden[part], keys=keys[index]).float()
+            return logits if earlier is None else exclude_items(logits, earlier[part])
+
+        per_row = []
+        for part in chunks:
+            with torch.no_grad():
+                teacher = torch.stack(
+                    [
+                        torch.log_softmax(scores(i, h, part) / temperature, -1)
+                        for i, h in enumerate(teacher_hidden, start=1)
+                    ]
+                ).mean(0)
+                teacher = torch.log_softmax(teacher, -1)
+            per_row.append(losses.distillation_rows(scores(0, hidden, part), teacher, temperature))
+        weight = self._target_weight(batch.target_behavior[trained])
+        return losses.weighted_mean(torch.cat(per_row), weight)
 
     def _rerank_loss(self, output, batch: SeqBatch) -> torch.Tensor:
         """Cross-entropy of each row's last target among its hardest retrieval candidates,

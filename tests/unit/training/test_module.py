@@ -400,6 +400,52 @@ def test_distillation_adds_the_kl_to_the_teachers_averaged_distribution(exclude_
     torch.testing.assert_close(train_loss(twin, b), twin_ce)
 
 
+@pytest.mark.parametrize("exclude_seen", [False, True])
+def test_distillation_in_chunks_of_rows_gives_the_same_loss_and_gradients(
+    monkeypatch, exclude_seen
+):
+    """On a CPU the student's and the teachers' logits are made in the full softmax's chunks of
+    rows (each new block over glibc's mmap threshold is faulted in afresh); the loss and the
+    student's gradients stay those of one table."""
+    from recsys import allocation
+    from recsys.training import module as module_code
+
+    student, first, second = encoder(), encoder(seed_shift=1), encoder(seed_shift=2)
+    settings = {"teachers": [first, second], "weight": 0.5, "temperature": 2.0}
+    m = module(student, distillation=settings, exclude_seen_from_loss=exclude_seen)
+    b = batch()
+    widths = []
+    for enc in (student, first, second):
+        score = enc.score_items
+        monkeypatch.setattr(
+            enc,
+            "score_items",
+            partial(lambda f, q, keys=None: widths.append(len(q)) or f(q, keys), score),
+        )
+
+    def loss_and_grads():
+        student.zero_grad()
+        widths.clear()
+        loss = train_loss(m, b)
+        loss.backward()
+        return loss.detach(), {
+            n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None
+        }
+
+    whole, whole_grads = loss_and_grads()
+    trained = int(m._trained_positions(b).sum())
+    assert widths == [trained] * 4 and trained > 4  # the loss's table, then three for the KL
+    monkeypatch.setattr(allocation, "MMAP_THRESHOLD_MAX", 0)
+    monkeypatch.setattr(allocation, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(module_code, "MIN_LOGIT_CHUNK_ROWS", 4)
+    chunked, chunked_grads = loss_and_grads()
+    parts = [4] * (trained // 4) + ([trained % 4] if trained % 4 else [])
+    assert widths == parts + [w for p in parts for w in (p, p, p)]  # per chunk: teachers, student
+    torch.testing.assert_close(chunked, whole)
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, msg=name)
+
+
 def test_distillation_teachers_read_the_batch_before_input_masking():
     """input_mask_prob augments the student's input; the teachers' distribution is that of the
     real history (a teacher fed the masked history would teach a corrupted target)."""
