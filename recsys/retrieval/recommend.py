@@ -229,6 +229,15 @@ class Recommender:
         excluded = rules.excluded_behaviors(model.vocab.behaviors)
         self.exclude_event = None if excluded is None else np.isin(data.store.behavior, excluded)
         self.known = data.known_events
+        most = int(self.known.max()) if len(self.known) else 0
+        if options.min_history > 1 and most < options.min_history:
+            log.warning(
+                "retrieval.min_history=%d: no user of this log has that many events of items "
+                "the model knows (the most is %d), so every user gets the fallback (popularity "
+                "and shared categories), none the model's scores: lower it",
+                options.min_history,
+                most,
+            )
         self.rows = TargetRows(
             data.store,
             data.store.lengths,

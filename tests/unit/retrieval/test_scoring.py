@@ -311,12 +311,21 @@ def test_every_user_gets_the_items_left_when_top_k_or_an_allow_list_asks_for_mor
     assert empty > 0 and f"{empty} of {len(left)} users got no recommendation" in caplog.text
 
 
-def test_a_batch_of_cold_users_only_with_top_k_beyond_the_catalogue(setup):
+def test_a_batch_of_cold_users_only_with_top_k_beyond_the_catalogue(setup, caplog):
+    """min_history above every user's history: all fallback, and a warning says so (it had
+    shown only as fallback_share 1.0 in the summary)."""
     model, events = setup
     short = _first_events(events, 2)
-    frame = _score(model, short, top_k=200, min_history=5, explanations=0)
+    with caplog.at_level("WARNING", logger="recsys.retrieval.recommend"):
+        frame = _score(model, short, top_k=200, min_history=5, explanations=0)
     assert set(frame["source"].to_list()) <= {"category_popularity", "popularity"}
     assert _rows_per_user(frame) == _items_left(model, short)
+    assert "retrieval.min_history=5: no user of this log has that many" in caplog.text
+    assert "(the most is 2)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="recsys.retrieval.recommend"):
+        _score(model, short, min_history=2, explanations=0)
+    assert "min_history" not in caplog.text
 
 
 def test_new_items_come_only_from_the_fallback(setup):
