@@ -7,6 +7,7 @@ lives in one place.
 from __future__ import annotations
 
 import copy
+import glob
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -19,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from recsys.data import options
-from recsys.data.pipeline import PrepareSettings
+from recsys.data.pipeline import PrepareSettings, terminate_as_exit
 from recsys.data.sequences import TimeBuckets
 from recsys.data.validate import check_number
 from recsys.schema import EventSchema
@@ -65,10 +66,13 @@ def failure_logged(cfg: DictConfig) -> Iterator[None]:
     """Around a pipeline's work: log why it failed, as its last log line. Hydra prints the
     traceback to stderr only, so the run folder's log (``run.log``), which a scheduled job's
     owner reads the morning after, would otherwise end mid-job without a word of the
-    failure."""
+    failure. A SIGTERM anywhere in the job is ``SystemExit(143)`` (:func:`recsys.data.pipeline.
+    terminate_as_exit`), so that it is logged, its MLflow run marked FAILED and its staging
+    folders removed, as for any other failure."""
     try:
-        yield
-    except BaseException as err:  # SystemExit too: a training killed by SIGTERM exits 143
+        with terminate_as_exit():
+            yield
+    except BaseException as err:  # SystemExit too: a job killed by SIGTERM exits 143
         logging.getLogger("pipelines").error(
             "%s job failed: %s: %s", cfg.get("task_name", "the"), type(err).__name__, err
         )
@@ -133,6 +137,7 @@ class CheckSweep(Callback):
         overrides = OverridesParser.create(config_loader=loader).parse_overrides(arguments)
         jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
         hydra_config, before = HydraConfig.instance(), HydraConfig.instance().cfg
+        writers: dict[str, int] = {}  # folder a job writes -> the first job writing it
         try:
             for number, job in enumerate(jobs):
                 try:
@@ -145,6 +150,19 @@ class CheckSweep(Callback):
                             "its own)"
                         )
                     check(task)
+                    _check_sweep_inputs(task)
+                    outputs = {"paths.run_dir": task.paths.run_dir}
+                    if config.hydra.job.name == "run":
+                        outputs["retrieval.output.path"] = task.retrieval.output.path
+                    for option, folder in outputs.items():
+                        folder = os.path.abspath(str(folder))
+                        if folder in writers:
+                            raise FileExistsError(
+                                f"{option}={folder} is also job {writers[folder]}'s: each job "
+                                "needs its own (leave it at its default, which follows the "
+                                "job's folder, or sweep it too)"
+                            )
+                        writers[folder] = number
                 except Exception as err:
                     # SystemExit: Hydra turns a callback's Exception into a warning, goes on
                     raise SystemExit(
@@ -153,6 +171,18 @@ class CheckSweep(Callback):
                     ) from err
         finally:
             hydra_config.cfg = before
+
+
+def _check_sweep_inputs(task: DictConfig) -> None:
+    """The files a sweep job reads, ``data.source`` and ``data.items`` (a path, or a loader's
+    ``path``), exist: a job alone is refused for a missing one before any work, a sweep's
+    jobs before it would have trained. A glob is left to the job."""
+    for option in ("data.source", "data.items"):
+        value = OmegaConf.select(task, option)
+        path = value.get("path") if isinstance(value, DictConfig) else value
+        if isinstance(path, str) and not glob.has_magic(path) and not Path(path).exists():
+            where = f"{option}.path" if isinstance(value, DictConfig) else option
+            raise FileNotFoundError(f"{where}={path} does not exist: check {where}")
 
 
 def _sweep_job_config(loader: Any, sweep: DictConfig, job: list[str], number: int) -> DictConfig:

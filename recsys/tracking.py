@@ -34,15 +34,25 @@ MODEL_ARTIFACT = "model"  # the packaged MLflow model inside a training run
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"model": {"d_model": 64}}`` -> ``{"model.d_model": "64"}`` (lists kept as text)."""
+    """``{"model": {"d_model": 64}}`` -> ``{"model.d_model": "64"}`` (lists kept as text).
+
+    A mapping with a key that cannot be part of an MLflow parameter name (only letters, digits,
+    ``_``, ``-`` and spaces can: MLflow refuses a batch with another one, and ``.`` would make
+    the name ambiguous) is one parameter, its text: ``data.behavior_aliases`` with the raw event
+    name ``Add to cart (v2)`` as a key is ``{"data.behavior_aliases": "{'Add to cart (v2)':
+    'cart'}"}``."""
     flat: dict[str, str] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and all(_PARAM_PART.fullmatch(str(k)) for k in value):
             flat.update(flatten(value, f"{name}."))
         else:
-            flat[name] = str(value)[:MAX_PARAM_LENGTH]
+            text = str(dict(value)) if isinstance(value, Mapping) else str(value)
+            flat[name] = text[:MAX_PARAM_LENGTH]
     return flat
+
+
+_PARAM_PART = re.compile(r"[\w\- ]+")  # what a config key may hold to be part of a param name
 
 
 class Tracker:
@@ -142,12 +152,18 @@ class Tracker:
             return None
         from pytorch_lightning.loggers import MLFlowLogger
 
-        tracker = self
-
         class _Logger(MLFlowLogger):
-            # the module's hyperparameters go through log_params (a resumed run keeps them)
             def log_hyperparams(self, params) -> None:
-                tracker.log_params(flatten(params if isinstance(params, Mapping) else vars(params)))
+                # The module's hyperparameters are training.* settings, which the job logs with
+                # the whole config (train.log_config): as ~30 unprefixed params they were
+                # copies, and "rerank_top_n" read as retrieval.rerank_top_n's.
+                pass
+
+            def finalize(self, status: str = "success") -> None:
+                # The job ends the run (use_tracker), not the training: Lightning's would mark
+                # it FINISHED at the end of fit, with the evaluation and scoring still to come
+                # (and left so if the job then died).
+                pass
 
         return _Logger(tracking_uri=self.tracking_uri, run_id=self.run_id)
 
@@ -343,10 +359,17 @@ def check_registry(logger_cfg: Mapping[str, Any] | None) -> None:
             f"logger.registered_model_name={name}: tracking is off (logger=none), so nothing "
             "would be registered: use logger=mlflow, or drop the name"
         )
-    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/:@"):
+    if (
+        not isinstance(name, str)
+        or not name.strip()
+        or any(c in name for c in "/:@")
+        or name == "."
+        or name.startswith("..")  # MLflow's rule against names that read as paths
+    ):
         raise ValueError(
             f"logger.registered_model_name={name!r} must be a non-empty name without '/', ':' "
-            "or '@' (scoring finds it as model=<name>@<alias>), e.g. recsys-nightly"
+            "or '@' (scoring finds it as model=<name>@<alias>), neither '.' nor starting with "
+            "'..', e.g. recsys-nightly"
         )
     if alias is not None and (
         not isinstance(alias, str)

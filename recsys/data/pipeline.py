@@ -280,11 +280,12 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 @contextmanager
-def _terminate_as_exit() -> Iterator[None]:
+def terminate_as_exit() -> Iterator[None]:
     """SIGTERM (a scheduler's kill) as ``SystemExit(143)`` meanwhile, so that cleanup code
     runs (by default SIGTERM ends the process at once, leaving the staging folder and its work
-    files behind). Only where that default is in place, in the main thread: a handler the
-    application set is left alone."""
+    files behind, and an MLflow run marked running or finished). Only where that default is in
+    place, in the main thread: a handler the application set is left alone. Every pipeline
+    runs under it (:func:`recsys.config.failure_logged`), preparation in a notebook too."""
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
@@ -305,8 +306,8 @@ def _terminate_as_exit() -> Iterator[None]:
 @contextmanager
 def _staging(out_dir: Path) -> Iterator[Path]:
     """A temporary sibling of ``out_dir`` that replaces it on success and vanishes on failure
-    (a SIGTERM included: see :func:`_terminate_as_exit`)."""
-    with _terminate_as_exit():
+    (a SIGTERM included: see :func:`terminate_as_exit`)."""
+    with terminate_as_exit():
         yield from _staged(out_dir)
 
 

@@ -65,17 +65,32 @@ def _run(cfg: DictConfig) -> MainResult:
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
     with use_tracker(None, cfg.logger, **run_settings) as tracker:
-        # registered last: a job that fails in evaluation or scoring registers no version and
-        # moves no alias (downstream scoring with <name>@<alias> keeps the previous model)
+        train.log_config(tracker, cfg)  # a run that fails before training says which job it was
+        tracker.set_tags({"task": cfg.task_name})
+        # packaged and registered last: a job that fails in evaluation or scoring registers no
+        # version and moves no alias (downstream scoring with <name>@<alias> keeps the previous
+        # model), nor changes the model/ of a resumed run that a version was registered from
         trained = train.run(cfg, tracker=tracker, register=False, checked=True)
         metrics = evaluate.run(
             cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, tracker=tracker
         )
-        recommendations = score.run(cfg, trained.checkpoint, tracker=tracker)
-        train.register_model(cfg, tracker)
+        recommendations = score.run(
+            cfg, trained.checkpoint, tracker=tracker, overwrite=_replaces_own_output(cfg) or None
+        )
+        train.publish_model(cfg, tracker, trained.scoring_checkpoint)
     return MainResult(
         checkpoint=trained.checkpoint,
         recommendations=recommendations,
         metrics={**trained.best_val, **metrics},
         run=tracker.describe(),
     )
+
+
+def _replaces_own_output(cfg: DictConfig) -> bool:
+    """A resumed job replaces the recommendations it wrote into its own run folder before (its
+    model has trained on since, so they are another scoring job's): without this, continuing a
+    finished main job (``trainer.max_epochs`` raised) failed at scoring, after the training."""
+    if cfg.get("resume") is None:
+        return False
+    output = Path(str(cfg.retrieval.output.path)).resolve()
+    return output.is_relative_to(Path(str(cfg.paths.run_dir)).resolve())

@@ -300,9 +300,11 @@ def run(
     *,
     tracker: Tracker | None = None,
     after_part: Callable[[int], None] | None = None,
+    overwrite: bool | None = None,
 ) -> Path:
     """Score ``data.source`` with ``model`` (or ``checkpoint``); returns the output folder.
-    ``after_part(i)`` is called after part ``i`` is written (tests inject faults there)."""
+    ``after_part(i)`` is called after part ``i`` is written (tests inject faults there).
+    ``overwrite``: instead of ``retrieval.output.overwrite`` (the main job's resume)."""
     check_required(cfg, model_given=checkpoint is not None)
     started = time.perf_counter()
     retrieval = to_container(cfg.retrieval)
@@ -335,7 +337,7 @@ def run(
         output_cfg["path"],
         formats=output_cfg.get("formats", ["parquet"]),
         job=job,
-        overwrite=bool(output_cfg.get("overwrite", False)),
+        overwrite=bool(output_cfg.get("overwrite", False)) if overwrite is None else overwrite,
     )
     device = pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
     timings = {}

@@ -71,6 +71,7 @@ class TrainResult:
     checkpoint: Path
     prepared_dir: Path
     best_val: dict[str, float]
+    scoring_checkpoint: Path  # the best weights without the optimiser: what is packaged
     run: str  # where the MLflow run is, in words
     train_seconds: float | None = None  # training epochs only (TrainingClock), no validation
     history: list[dict[str, float]] | None = None  # per validation: seconds and metrics
@@ -541,10 +542,12 @@ def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> Non
         )
 
 
-def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
-    """Resolved config (flattened params + yaml), vocabularies and dataset statistics. A
-    resumed training's optimiser, scheduler and early stopping's patience continue from the
-    checkpoint, so those settings keep the values logged first (not tagged as changed)."""
+def log_config(tracker: Tracker, cfg: DictConfig) -> None:
+    """The resolved config: flattened params and ``config_resolved.yaml``. A resumed
+    training's optimiser, scheduler and early stopping's patience continue from the
+    checkpoint, so those settings keep the values logged first (not tagged as changed). The
+    main job logs it as soon as its run opens, so that a run that fails before its data is
+    prepared still says which job it was; logged again, nothing changes."""
     tracker.log_params(
         flatten(to_container(cfg)),
         restored=RESTORED_ON_RESUME if cfg.get("resume") is not None else (),
@@ -553,6 +556,11 @@ def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> Non
     config_file.parent.mkdir(parents=True, exist_ok=True)
     config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     tracker.log_artifact(config_file, "config")
+
+
+def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
+    """:func:`log_config`, vocabularies and dataset statistics."""
+    log_config(tracker, cfg)
     for name in (*VOCAB_FILES.values(), STATS_FILE):
         tracker.log_artifact(prepared_dir / name, "data")
     quarantine = prepared_dir / QUARANTINE_FILE
@@ -792,6 +800,15 @@ def check_settings(cfg: DictConfig) -> None:
     callback's ``patience``. (What a monitor names is checked by :class:`CheckMonitors` once
     validation has logged its metrics.)"""
     check_loader(_partners(cfg), **_loader(cfg))
+    samples = (cfg.data.get("loader") or {}).get("train_samples", "windows")
+    if cfg.training.get("objective") == "target_attention" and samples == "windows":
+        log.warning(
+            "training.objective=target_attention trains the last position of each row only: "
+            "with data.loader.train_samples=windows that is one target per window of "
+            "data.max_seq_len=%s, the others unused; data.loader.train_samples=prefixes trains "
+            "every training event (one row each), as model=atrank_faithful does",
+            cfg.data.get("max_seq_len"),
+        )
     if cfg.get("init_from") is not None and cfg.get("resume") is not None:
         raise ValueError(
             "init_from and resume are both set: resume continues an interrupted run (weights, "
@@ -952,11 +969,14 @@ def _naming_group(option: str) -> Iterator[None]:
         raise ValueError(f"{option}: {cause}") from cause
 
 
-def register_model(cfg: DictConfig, tracker: Tracker) -> str | None:
-    """Register the run's packaged model as ``logger.registered_model_name`` (a new version)
-    and point ``logger.model_alias`` at it; nothing without a name. Called as the last step of
-    a job that succeeded (training alone, or the main job after evaluating and scoring), so a
-    version or an alias never names the model of a failed job."""
+def publish_model(cfg: DictConfig, tracker: Tracker, scoring_checkpoint: Path) -> str | None:
+    """Package ``scoring_checkpoint`` into the run's ``model/`` (an MLflow model), register it
+    as ``logger.registered_model_name`` (a new version) and point ``logger.model_alias`` at it
+    (no name: packaged only). Called as the last step of a job that succeeded (training alone,
+    or the main job after evaluating and scoring), so that a version or an alias never names
+    the model of a failed job, nor a resumed run's ``model/``, which versions registered from
+    it serve, holds a model whose job failed."""
+    tracker.log_model(scoring_checkpoint)
     logger = cfg.logger or {}
     return tracker.register_model(
         logger.get("registered_model_name"), alias=logger.get("model_alias")
@@ -970,8 +990,8 @@ def run(
     register: bool = True,
     checked: bool = False,
 ) -> TrainResult:
-    """Train; with ``register`` (default) the packaged model is registered at the end (see
-    :func:`register_model`). The main job passes ``register=False`` and registers after its
+    """Train; with ``register`` (default) the model is packaged and registered at the end (see
+    :func:`publish_model`). The main job passes ``register=False`` and publishes after its
     evaluation and scoring, and ``checked=True``: it has run :func:`check_config` itself,
     before opening its MLflow run."""
     check_required(cfg)  # before the run folder is held (created)
@@ -1086,18 +1106,18 @@ def _run(
             tracker.log_metrics(choose_prior_weight(cfg, best, datamodule))
         tracker.log_artifact(best, "checkpoints")
         scoring = write_scoring_checkpoint(best, best.parent / "scoring" / "model.ckpt")
-        tracker.log_model(scoring)
         best_score = checkpoint_cb.best_model_score
         # named after what selected it: best/val_ndcg_at_10 by default, best/val_mrr, ...
         best_name = "best/" + str(checkpoint_cb.monitor).replace("/", "_")
         best_val = {} if best_score is None else {best_name: float(best_score)}
         tracker.log_metrics(best_val)
         log.info("best checkpoint %s (%s)", best, best_val)
-        if register:  # (the main job registers once it has evaluated and scored the model)
-            register_model(cfg, tracker)
+        if register:  # (the main job publishes once it has evaluated and scored the model)
+            publish_model(cfg, tracker, scoring)
     clock = next((c for c in callbacks.values() if isinstance(c, TrainingClock)), None)
     return TrainResult(
         checkpoint=best,
+        scoring_checkpoint=scoring,
         prepared_dir=prepared_dir,
         best_val=best_val,
         run=tracker.describe(),

@@ -471,14 +471,16 @@ class SeqRecModule(pl.LightningModule):
         valid = target > UNK_IDX
         if self.behavior_weight is not None:
             valid = valid & (self._target_weight(behavior) > 0)
-        negative_items = self.sampler.sample((len(target), self.num_negatives), device=self.device)
-        candidates = torch.cat([target[:, None], negative_items], dim=1)  # (B, 1 + K)
+        # (K,) one set for the batch with shared_negatives, else (B, K): as the retrieval losses
+        negative_items = self._draw_negatives(len(target))
+        per_row = negative_items.expand(len(target), -1)  # (B, K)
+        candidates = torch.cat([target[:, None], per_row], dim=1)  # (B, 1 + K)
         scores = self.encoder.rerank_scores(output, candidates)[valid]
         return self._sampled_loss(
             scores[:, 0],
             scores[:, 1:],
             target[valid],
-            negative_items[valid],
+            negative_items if self.shared_negatives else negative_items[valid],
             self._target_weight(behavior[valid]),
         )
 

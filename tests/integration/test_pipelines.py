@@ -670,7 +670,30 @@ def test_a_main_job_that_fails_after_training_registers_no_version_and_moves_no_
     assert client.search_model_versions("name='m'") == []
     (failed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert failed.info.status == "FAILED"
-    assert "model/MLmodel" in {f.path for f in client.list_artifacts(failed.info.run_id, "model")}
+    # packaged only once the job succeeded: a resumed run's model/, which a version registered
+    # from it serves, no longer takes the model of a job that then failed
+    assert client.list_artifacts(failed.info.run_id, "model") == []
+    assert failed.data.params["model.d_model"] == "16"  # its config, logged when it opened
+
+
+def test_a_finished_main_job_resumed_with_more_epochs_replaces_its_own_recommendations(
+    make_config, monkeypatch
+):
+    """config.yaml lets a resume raise trainer.max_epochs; continuing a finished main job then
+    failed at scoring, after training, on the recommendations it had written into its own run
+    folder before (an audit's finding). They are this job's, of an earlier model: replaced."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    base = [*TINY, "callbacks.early_stopping.patience=50"]
+    first = main.run(make_config("config", [*base, "trainer.max_epochs=1"]))
+    manifest = (first.recommendations / "_manifest.json").read_text()
+    resumed = main.run(make_config("config", [*base, "trainer.max_epochs=2", "resume=last"]))
+    assert resumed.recommendations == first.recommendations
+    assert (resumed.recommendations / "_manifest.json").read_text() != manifest  # a new model
+    elsewhere = first.recommendations.parent.parent / "elsewhere"
+    other = make_config("config", [*base, "trainer.max_epochs=1", f"paths.run_dir={elsewhere}"])
+    other.retrieval.output.path = str(first.recommendations)  # not its own run folder's
+    with pytest.raises(FileExistsError, match="holds another scoring job's output"):
+        main.run(other)
 
 
 @pytest.mark.parametrize(
@@ -1262,6 +1285,16 @@ def test_cli_overrides_and_multirun_sweep(tmp_path):
             "pipelines.run",
             ["--config-dir", "{configs}", "+sweep=bad", "model.num_heads=1,2"],
             "job 2 of the sweep's 4 (retrieval.top_k=-1 +sweep=bad model.num_heads=1 ",
+        ),
+        (  # a log file that is not there (an audit's finding: job 0 trained first)
+            "pipelines.train",
+            ["data=events_file", "data.source={configs}/sweep/bad.yaml,{configs}/nope.parquet"],
+            "FileNotFoundError: job 1 of the sweep's 2 (data=events_file data.source=",
+        ),
+        (  # one fixed output path for every job: job 1 would have trained, then been refused
+            "pipelines.run",
+            ["retrieval.output.path={configs}/recs", "model.num_heads=1,2"],
+            "job 1 of the sweep's 2 (retrieval.output.path=",
         ),
     ],
 )

@@ -16,6 +16,44 @@ def test_flatten():
     }
 
 
+def test_a_mapping_whose_keys_cannot_name_a_param_is_one_param_that_mlflow_takes(
+    tmp_path, monkeypatch
+):
+    """A raw event name as a data.behavior_aliases key ('Add to cart (v2)') made MLflow refuse
+    the whole batch of params, after the data was prepared (an audit's finding)."""
+    aliases = {"view": "view", "Add to cart (v2)": "cart"}
+    config = {"data": {"behavior_aliases": aliases, "max_seq_len": 50}, "w": {"a.b": 1}}
+    assert flatten(config) == {
+        "data.behavior_aliases": str(aliases),
+        "data.max_seq_len": "50",
+        "w": "{'a.b': 1}",  # a dot would make the name ambiguous
+    }
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = Tracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="t")
+    tracker.log_params(flatten(config))
+    params = tracker.client.get_run(tracker.run_id).data.params
+    assert params["data.behavior_aliases"] == str(aliases)
+
+
+def test_the_lightning_logger_neither_ends_the_run_nor_logs_unprefixed_copies(
+    tmp_path, monkeypatch
+):
+    """Lightning's MLFlowLogger marked the run FINISHED at the end of fit, with the main job's
+    evaluation and scoring still to come (a job killed then stayed FINISHED), and logged the
+    module's hyperparameters as ~30 unprefixed copies of training.* params."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = Tracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="t")
+    logger = tracker.lightning_logger()
+    logger.log_hyperparams({"rerank_top_n": 0})
+    logger.log_metrics({"train/loss": 1.5}, step=0)
+    logger.finalize("success")
+    run = tracker.client.get_run(tracker.run_id)
+    assert run.info.status == "RUNNING"
+    assert run.data.metrics["train/loss"] == 1.5 and not run.data.params
+    tracker.finish("FAILED")  # the job decides
+    assert tracker.client.get_run(tracker.run_id).info.status == "FAILED"
+
+
 def test_disabled_tracker_does_nothing_and_never_imports_mlflow():
     code = (
         "import sys\n"
@@ -326,3 +364,31 @@ def test_a_version_registered_from_a_path_is_fetched_from_it_and_opens_no_run(
     assert not path.exists()
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert runs == []
+
+
+def test_a_job_killed_by_sigterm_after_training_is_logged_and_its_run_marked_failed(tmp_path):
+    """A SIGTERM outside Lightning's fit (during evaluation or scoring) ended the process at
+    once: no 'job failed' line, and the MLflow run left as it was (an audit's finding)."""
+    code = (
+        "import logging, os, signal, sys, time\n"
+        "from omegaconf import OmegaConf\n"
+        "from recsys.config import failure_logged\n"
+        "from recsys.tracking import use_tracker\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "cfg = OmegaConf.create({'task_name': 'main'})\n"
+        f"logger = {{'enabled': True, 'tracking_uri': 'sqlite:///{tmp_path}/mlflow.db'}}\n"
+        "with failure_logged(cfg):\n"
+        "    with use_tracker(None, logger) as tracker:\n"
+        "        print(tracker.run_id, flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(30)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "main job failed: SystemExit: 143" in done.stderr
+    run_id = done.stdout.split()[0]
+    tracker = Tracker(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_id=run_id)
+    assert tracker.client.get_run(run_id).info.status == "FAILED"

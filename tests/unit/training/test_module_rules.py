@@ -4,6 +4,7 @@ from unseen items, and schedules set in epochs under gradient accumulation."""
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from types import SimpleNamespace
 
@@ -228,3 +229,31 @@ def test_a_rows_sampled_negatives_do_not_depend_on_the_rest_of_its_batch():
         torch.testing.assert_close(shuffled[name], whole[name][order], msg=name)
         torch.testing.assert_close(torch.cat([h[name] for h in halves]), whole[name], msg=name)
     assert 0 < whole["auc"].mean() < 1  # the comparison is not degenerate
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_target_attention_objective_draws_negatives_as_shared_negatives_says(shared):
+    """training.shared_negatives was accepted and ignored under objective=target_attention,
+    which always drew a set per row (an audit's finding)."""
+    from tests.unit.training.test_module import encoder
+
+    m = SeqRecModule(
+        encoder(num_items=NUM_ITEMS),
+        None,
+        behaviors=["view", "cart", "purchase"],
+        objective="target_attention",
+        loss="bce",
+        num_negatives=4,
+        shared_negatives=shared,
+    )
+    drawn = []
+    sample = m.sampler.sample
+    m.sampler.sample = lambda shape, **kw: drawn.append(tuple(shape)) or sample(shape, **kw)
+    batch = atrank_eval_batch(rows=5)
+    batch.target_item = batch.target_item[:, None].expand(-1, batch.item.shape[1]).clone()
+    batch.target_behavior = batch.target_behavior[:, None].expand_as(batch.target_item).clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log outside a Trainer
+        loss = m.training_step(batch, 0)
+    assert drawn == [(4,) if shared else (5, 4)]
+    assert torch.isfinite(loss) and loss > 0
