@@ -11,6 +11,7 @@ protocol as run tags.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -294,6 +295,7 @@ def run(
         )
     listed = read_user_list(cfg.users) if cfg.get("users") else None
     note_trained_settings(cfg.data, model, ref)
+    prepared_now = prepared_dir is None and not cfg.data.prepared_dir  # into this run's folder
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
         prepared_dir,
@@ -303,6 +305,8 @@ def run(
         width_multiple=width_multiple(multiple, device),
     )
     if datamodule.vocab.content_hash() != model.vocab.content_hash():
+        if prepared_now:  # a refused job leaves no copy of the log behind
+            shutil.rmtree(prepared_dir, ignore_errors=True)
         # named as the user gave it: a model fetched from MLflow sits in a temporary copy
         raise ValueError(
             f"{prepared_dir} was prepared with another vocabulary than model={ref} "
