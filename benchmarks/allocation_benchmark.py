@@ -12,6 +12,9 @@ change the other's figures), taking turns between its settings after a warm-up:
 - **search**: exact top-10 search of 512 queries over 1 M random keys with ``chunked_topk``, in
   chunks of 65,536 items (scoring's ``item_chunk_size``), 16,384, 8,192 (what
   ``cpu_chunk_length`` cuts it to) and 4,096;
+- **distillation**: a training step (forward and backward) of SASRec (width 64) with two
+  teachers, ``training.distillation``, on 128 windows of 200 over 3,400 items: the student's
+  and the teachers' logits as one table each, and in the full softmax's row chunks;
 - **evaluation**: ``SeqRecModule.evaluation_metrics`` of one 512-row batch (SASRec, width 64,
   windows of 50, ``seen_items=exclude``) over 1 M items, its score tables made for the whole
   batch at once and in the row chunks ``table_chunk_length`` gives (16 rows). Each setting
@@ -41,6 +44,7 @@ from recsys.training.module import MIN_LOGIT_CHUNK_ROWS
 MEASUREMENTS = {
     "loss": "loss step",
     "search": "search of one batch",
+    "distillation": "distillation step",
     "evaluation": "evaluation of one batch",
 }
 EVAL_SETTINGS = ("whole", "chunked")
@@ -107,6 +111,60 @@ def search_rows(users: int, items: int, dim: int, repeats: int) -> dict[str, tup
     return alternate({names[n]: search(n) for n in dict.fromkeys(sizes)}, repeats)
 
 
+def distillation_rows(
+    windows: int, width: int, items: int, dim: int, repeats: int
+) -> dict[str, tuple[float, float]]:
+    import warnings
+    from functools import partial
+
+    from recsys.data.batch import SeqBatch
+    from recsys.model.sasrec import SASRec
+    from recsys.training import module as module_code
+
+    torch.manual_seed(0)
+
+    def encoder():
+        return SASRec(num_items=items, max_seq_len=width, d_model=dim, num_heads=2, dropout=0.0)
+
+    student, teachers = encoder(), [encoder(), encoder()]
+    module = module_code.SeqRecModule(
+        student,
+        partial(torch.optim.Adam, lr=1e-3),
+        distillation={"teachers": teachers, "weight": 0.5, "temperature": 2.0},
+    )
+    mask = torch.ones(windows, width, dtype=torch.bool)
+    item = torch.randint(2, items, (windows, width))
+    batch = SeqBatch(
+        item=item,
+        behavior=mask.long() * 2,
+        time_bucket=mask.long(),
+        padding_mask=mask,
+        query_time_bucket=mask.long(),
+        target_item=torch.roll(item, -1, dims=1),
+        target_behavior=mask.long() * 2,
+        user_index=torch.arange(windows),
+    )
+    chunk_length = module_code.cpu_chunk_length
+
+    def step(whole: bool):
+        def run():
+            module_code.cpu_chunk_length = (
+                (lambda length, *args, **kwargs: length) if whole else chunk_length
+            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # self.log outside a Trainer
+                module.training_step(batch, 0).backward()
+            student.zero_grad()
+
+        return run
+
+    rows = windows * width
+    chosen = chunk_length(rows, 4 * items, "cpu", minimum=module_code.MIN_LOGIT_CHUNK_ROWS)
+    return alternate(
+        {"one table each": step(True), f"{chosen} rows (cpu_chunk_length)": step(False)}, repeats
+    )
+
+
 def evaluation_rows(
     users: int, items: int, dim: int, repeats: int, setting: str
 ) -> dict[str, tuple[float, float]]:
@@ -161,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = loss_rows(args.rows, args.loss_items, 64, args.repeats)
     elif args.only == "search":
         rows = search_rows(args.users, args.search_items, 64, args.repeats)
+    elif args.only == "distillation":
+        rows = distillation_rows(128, 200, args.loss_items, 64, args.repeats)
     elif args.only == "evaluation":
         rows = evaluation_rows(args.users, args.eval_items, 64, args.repeats, args.setting)
     else:  # the parent: one fresh process per measurement

@@ -65,7 +65,7 @@ def _run(cfg: DictConfig) -> MainResult:
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
     with use_tracker(None, cfg.logger, **run_settings) as tracker:
-        train.log_config(tracker, cfg)  # a run that fails before training says which job it was
+        train.log_config_params(tracker, cfg)  # a run failing before training: which job it was
         tracker.set_tags({"task": cfg.task_name})
         # packaged and registered last: a job that fails in evaluation or scoring registers no
         # version and moves no alias (downstream scoring with <name>@<alias> keeps the previous

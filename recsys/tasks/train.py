@@ -542,25 +542,25 @@ def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> Non
         )
 
 
-def log_config(tracker: Tracker, cfg: DictConfig) -> None:
-    """The resolved config: flattened params and ``config_resolved.yaml``. A resumed
-    training's optimiser, scheduler and early stopping's patience continue from the
-    checkpoint, so those settings keep the values logged first (not tagged as changed). The
-    main job logs it as soon as its run opens, so that a run that fails before its data is
-    prepared still says which job it was; logged again, nothing changes."""
+def log_config_params(tracker: Tracker, cfg: DictConfig) -> None:
+    """The resolved config as flattened params. A resumed training's optimiser, scheduler and
+    early stopping's patience continue from the checkpoint, so those settings keep the values
+    logged first (not tagged as changed). The main job logs them as soon as its run opens, so
+    that a run that fails before its data is prepared still says which job it was; logged
+    again, nothing changes."""
     tracker.log_params(
         flatten(to_container(cfg)),
         restored=RESTORED_ON_RESUME if cfg.get("resume") is not None else (),
     )
+
+
+def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
+    """Resolved config (flattened params + yaml), vocabularies and dataset statistics."""
+    log_config_params(tracker, cfg)
     config_file = Path(cfg.paths.run_dir) / "config_resolved.yaml"
     config_file.parent.mkdir(parents=True, exist_ok=True)
     config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     tracker.log_artifact(config_file, "config")
-
-
-def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> None:
-    """:func:`log_config`, vocabularies and dataset statistics."""
-    log_config(tracker, cfg)
     for name in (*VOCAB_FILES.values(), STATS_FILE):
         tracker.log_artifact(prepared_dir / name, "data")
     quarantine = prepared_dir / QUARANTINE_FILE
