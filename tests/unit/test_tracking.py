@@ -366,7 +366,9 @@ def test_a_version_registered_from_a_path_is_fetched_from_it_and_opens_no_run(
     assert runs == []
 
 
-def test_a_job_killed_by_sigterm_after_training_is_logged_and_its_run_marked_failed(tmp_path):
+def test_a_job_killed_by_sigterm_after_training_is_logged_and_its_run_marked_failed(
+    tmp_path, monkeypatch
+):
     """A SIGTERM outside Lightning's fit (during evaluation or scoring) ended the process at
     once: no 'job failed' line, and the MLflow run left as it was (an audit's finding)."""
     code = (
@@ -390,5 +392,6 @@ def test_a_job_killed_by_sigterm_after_training_is_logged_and_its_run_marked_fai
     assert done.returncode == 143, done.stderr[-2000:]
     assert "main job failed: SystemExit: 143" in done.stderr
     run_id = done.stdout.split()[0]
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # (it would win over the path)
     tracker = Tracker(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_id=run_id)
     assert tracker.client.get_run(run_id).info.status == "FAILED"

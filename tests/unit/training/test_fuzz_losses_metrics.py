@@ -352,6 +352,7 @@ def test_target_attention_objective_matches_reference():
             num_negatives=rng.randint(1, items - 3),
             negative_sampler=rng.choice(["uniform", "popularity"]),
             gbce_t=rng.choice([0, 0.75, 1.0]),
+            shared_negatives=rng.random() < 0.5,  # one set for the batch, or one per row
         )
         weights = random_weights(rng)
         if weights:
@@ -378,7 +379,7 @@ def test_target_attention_objective_matches_reference():
                 wt = weight_of(weights, int(batch.target_behavior[b, -1]))
                 if tg <= 1 or wt == 0:
                     continue
-                negs = drawn[0][b].tolist()
+                negs = (drawn[0] if kw["shared_negatives"] else drawn[0][b]).tolist()
                 scores = enc.rerank_scores(out, torch.tensor([[tg] + negs] * rows))[b].tolist()
                 beta = (
                     ref_beta(kw["num_negatives"], items - 2, kw["gbce_t"])
