@@ -72,14 +72,32 @@ class PreparedDataset:
         columns = self.stats.get("schema", {}).get("columns")
         return columns is None or bool(columns.get(TIMESTAMP))
 
+    def _file(self, name: str) -> Path:
+        """A file of the folder, once it is known to hold what this handle describes: the
+        vocabulary and statistics are held in memory, the frames read from the folder, so a
+        folder prepared again since (a notebook cell re-run with another frame) would have its
+        item indices decoded with the old vocabulary, every id wrong."""
+        try:
+            fingerprint = load_stats(self.path).get("fingerprint")
+        except (OSError, ValueError) as err:
+            raise DataError(f"{self.path} no longer holds a prepared dataset ({err})") from err
+        if fingerprint != self.stats.get("fingerprint"):
+            raise DataError(
+                f"{self.path} was prepared again since this PreparedDataset was made (its data "
+                f"fingerprint is now {fingerprint}, this handle's {self.stats.get('fingerprint')}"
+                "): use the handle the later prepare() returned, or "
+                "PreparedDataset.load(path)"
+            )
+        return self.path / name
+
     def sequences(self, *, backend: Backend = "polars") -> pl.DataFrame | pd.DataFrame:
         """One row per user: list columns of item / behaviour indices and Unix seconds, plus
         the split positions."""
-        return _out(pl.read_parquet(self.path / SEQUENCES_FILE), backend)
+        return _out(pl.read_parquet(self._file(SEQUENCES_FILE)), backend)
 
     def quarantine(self, *, backend: Backend = "polars") -> pl.DataFrame | pd.DataFrame:
         """The rows set aside by the bad-row policy, with their input row and problem."""
-        return _out(pl.read_parquet(self.path / QUARANTINE_FILE), backend)
+        return _out(pl.read_parquet(self._file(QUARANTINE_FILE)), backend)
 
     def events(
         self, *, window: str | None = None, backend: Backend = "polars"
@@ -100,7 +118,7 @@ class PreparedDataset:
         )
         position = pl.col("position")
         frame = (
-            pl.scan_parquet(self.path / SEQUENCES_FILE)
+            pl.scan_parquet(self._file(SEQUENCES_FILE))
             .select(USER, ITEMS, BEHAVIORS, TIMES, TRAIN_END, VAL_TARGET, TEST_START, TEST_TARGET)
             .with_columns(pl.int_ranges(pl.col(ITEMS).list.len()).alias("position"))
             .explode(ITEMS, BEHAVIORS, TIMES, "position")

@@ -444,6 +444,10 @@ def _as_lazy(
     if isinstance(source, pl.DataFrame):
         return source.lazy()
     if isinstance(source, pd.DataFrame):
+        if not all(isinstance(c, str) for c in source.columns):
+            # labels such as pd.read_csv(header=None)'s 0, 1, 2: as polars names them ("0", ...)
+            source = source.copy(deep=False)
+            source.columns = [str(c) for c in source.columns]
         in_index = [c for c in columns if c not in source.columns and c in source.index.names]
         if in_index:
             raise DataError(

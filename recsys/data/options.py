@@ -56,7 +56,13 @@ def event_schema(options: Mapping[str, Any]) -> EventSchema:
     columns = {**DEFAULT_COLUMNS, **dict(options.get("columns") or {})}
     defaults = EventSchema()
     return EventSchema(
-        columns={k: v for k, v in columns.items() if v},
+        # unmapped: null or ""; an integer label (a pandas frame read with header=None) as the
+        # text polars names that column
+        columns={
+            k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+            for k, v in columns.items()
+            if v is not None and v != ""
+        },
         # absent: the default; null or [] given is refused (not silently the default four)
         behaviors=names("data.behaviors", options.get("behaviors", defaults.behaviors)),
         behavior_aliases=dict(options.get("behavior_aliases") or {}),

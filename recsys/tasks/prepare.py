@@ -79,12 +79,27 @@ def prepared(cfg: DictConfig) -> Path:
     ]
     if differ:
         listed = "; ".join(f"{key}: prepared {was!r}, config {now!r}" for key, was, now in differ)
+        settable = [
+            f"{key}={_override_value(was)}"
+            for key, was, _ in differ
+            if key not in ("data.source", "data.items")
+        ]
         raise ValueError(
             f"data.prepared_dir={folder} was prepared with other data settings than this "
-            f"config's ({listed}): drop those overrides (the folder's settings apply), or unset "
-            "data.prepared_dir to prepare the log with them"
+            f"config's ({listed}): give the config the folder's settings"
+            + (f" ({' '.join(settable)})" if settable else "")
+            + ", or unset data.prepared_dir to prepare the log with the config's"
         )
     return folder
+
+
+def _override_value(value) -> str:
+    """A prepared setting as a command-line override writes it: null, [a,b], text."""
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return str(value)
 
 
 def _source_name(value) -> str:

@@ -143,7 +143,23 @@ def check_vocabulary(model: LoadedModel, events: pl.DataFrame, source_name: str)
     wrong model."""
     vocab = model.vocab
     ids = events[ITEM].unique()
-    known = ids.cast(vocab.items.schema[ITEM], strict=False).is_in(vocab.items[ITEM].implode())
+    as_model = ids.cast(vocab.items.schema[ITEM], strict=False)
+    known = as_model.is_in(vocab.items[ITEM].implode())
+    # ids that the cast to the model's id type writes otherwise ("042" -> 42, 42.5 -> 42)
+    changed = ids.filter(as_model.is_not_null() & as_model.cast(ids.dtype).ne_missing(ids))
+    if changed.len():
+        example = changed[0]
+        log.warning(
+            "%d item id(s) of the log change when read as the model's %s ids (e.g. %r -> %r): "
+            "they are scored as those items, so %r and %r would be one item; give the log its "
+            "item ids as the model was trained with them if they are not",
+            changed.len(),
+            vocab.items.schema[ITEM],
+            example,
+            as_model.filter(ids == example)[0],
+            example,
+            str(as_model.filter(ids == example)[0]),
+        )
     if int(known.sum()) == 0:
         raise DataError(
             f"{source_name}: none of its {ids.len()} item ids are in the model's vocabulary "

@@ -188,6 +188,11 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
         with pytest.raises(ValueError, match="was prepared with other data settings") as info:
             train.run(make_config("config", [*reuse, override]))
         assert difference in str(info.value)
+    # the fix, as overrides to copy (the settings may be the config's defaults, as for a
+    # folder prepared from Python: "drop those overrides" had told such a user nothing)
+    assert "give the config the folder's settings (data.behaviors=[" in str(info.value)
+    with pytest.raises(ValueError, match=r"folder's settings \(data.split.method=temporal\)"):
+        train.run(make_config("config", [*reuse, "data.split.method=leave_one_out"]))
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,28 @@ def test_pandas_polars_lazy_and_path_give_the_same_dataset(log, tmp_path):
         assert ds.stats["fingerprint"] == reference.stats["fingerprint"], name
 
 
+def test_a_pandas_frame_with_integer_column_labels_is_read_by_its_labels(log, tmp_path):
+    """pd.read_csv(header=None) labels columns 0, 1, 2, ...: a mapping to label 0 was taken
+    for no mapping, another integer crashed on .strip(), and the labels as text called the
+    frame empty (an audit's finding). Integer and text labels now name the same columns."""
+    names = ["user_id", "item_id", "timestamp", "event_type", "category"]
+    frame = log.select(names).to_pandas()
+    frame.columns = list(range(len(names)))  # 0 .. 4, as read without a header
+    reference = rd.prepare(log.select(names), tmp_path / "named", **OPTIONS)
+    for mapping in (
+        {name: i for i, name in enumerate(names)},
+        {name: str(i) for i, name in enumerate(names)},
+    ):
+        ds = rd.prepare(frame, tmp_path / f"by_{type(mapping['user_id']).__name__}",
+                        **{**OPTIONS, "columns": mapping})  # fmt: skip
+        # (the fingerprints differ: they hash the column mapping too)
+        assert_frame_equal(ds.sequences(), reference.sequences(), check_exact=True)
+        assert ds.stats["events"] == reference.stats["events"]
+    with pytest.raises(DataError, match=r"lacks column\(s\) \['7', .* columns are \['0', '1'"):
+        rd.prepare(frame, tmp_path / "bad", **{**OPTIONS, "columns": {"user_id": 7}})
+    assert list(frame.columns) == list(range(len(names)))  # the caller's frame as it was
+
+
 def test_outputs_in_both_backends(log, tmp_path):
     ds = rd.prepare(log.to_pandas(), tmp_path / "p", **OPTIONS)
     sequences = ds.sequences(backend="pandas")
@@ -190,3 +212,18 @@ def test_an_item_table_of_item_and_category_needs_only_the_category_mapped(tmp_p
     assert ds.vocab.num_attributes > 2  # the categories, beside PAD and UNK
     with pytest.raises(ValueError, match=r"unknown data.item_columns option\(s\) \['categry'\]"):
         rd.prepare(log, tmp_path / "q", items=items, item_columns={"categry": "category"})
+
+
+def test_a_handle_of_a_folder_prepared_again_refuses_to_read_it(log, tmp_path):
+    """A notebook cell re-run with another frame into the same folder: the first handle's
+    in-memory vocabulary decoded the new folder's item indices, every id wrong and no word
+    (an audit's finding). It now refuses, naming both fingerprints; the new handle reads."""
+    first = rd.prepare(log, tmp_path / "p", **OPTIONS)
+    other = generate_events(num_users=60, num_items=50, num_categories=5, seed=9)
+    second = rd.prepare(other, tmp_path / "p", **OPTIONS)
+    for read in (first.events, first.sequences, first.quarantine):
+        with pytest.raises(DataError, match=r"was prepared again since this PreparedDataset"):
+            read()
+    assert second.events()["item_id"].null_count() < second.events().height
+    again = rd.prepare(log, tmp_path / "q", **OPTIONS)  # the same data again: the same folder
+    assert_frame_equal(rd.prepare(log, tmp_path / "q", **OPTIONS).events(), again.events())

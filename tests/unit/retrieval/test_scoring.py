@@ -979,3 +979,18 @@ def test_a_log_whose_items_the_model_mostly_lacks_is_warned_about(caplog):
     (record,) = caplog.records
     assert record.levelname == "WARNING" and "1 of 4 item ids" in record.message
     assert "(25.0%)" in record.message and "fallback" in record.message
+
+
+def test_text_ids_that_the_models_integer_ids_would_rewrite_are_named(setup, caplog):
+    """'042' in a log scored by a model of integer ids is read as item 42 (an audit's finding:
+    silently, while the README keeps ids as written). Canonical text ids ('42') pass quietly."""
+    model, events = setup
+    padded = events.with_columns(("0" + pl.col(ITEM).cast(pl.String)).alias(ITEM))
+    with caplog.at_level("WARNING", logger="recsys.tasks.score"):
+        frame = _score(model, padded, explanations=0)
+    assert "item id(s) of the log change when read as the model's Int64 ids (e.g. '0" in caplog.text
+    caplog.clear()
+    plain = events.with_columns(pl.col(ITEM).cast(pl.String))
+    with caplog.at_level("WARNING", logger="recsys.tasks.score"):
+        assert _score(model, plain, explanations=0).equals(frame)
+    assert "change when read" not in caplog.text
