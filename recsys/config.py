@@ -173,6 +173,26 @@ class CheckSweep(Callback):
             hydra_config.cfg = before
 
 
+def sweep_tags() -> dict[str, str]:
+    """MLflow tags that tie a ``-m`` sweep's job to its sweep: ``sweep.dir`` (the multirun
+    folder, shared by its jobs), ``sweep.job`` (the job's number) and ``sweep.overrides`` (what
+    this job sets); none outside a sweep. Each job is its own run, so without them a sweep's
+    runs are told apart only by their parameters."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return {}
+    hydra = HydraConfig.get()
+    if hydra.mode != RunMode.MULTIRUN:
+        return {}
+    return {
+        "sweep.dir": os.path.abspath(str(hydra.sweep.dir)),
+        "sweep.job": str(hydra.job.num),
+        "sweep.overrides": " ".join(hydra.overrides.task),
+    }
+
+
 def _check_sweep_inputs(task: DictConfig) -> None:
     """The files a sweep job reads, ``data.source`` and ``data.items`` (a path, or a loader's
     ``path``), exist: a job alone is refused for a missing one before any work, a sweep's

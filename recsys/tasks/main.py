@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from recsys.config import check_required, event_schema
+from recsys.config import check_required, event_schema, sweep_tags
 from recsys.tasks import evaluate, score, train
 from recsys.tracking import use_tracker
 
@@ -66,7 +66,7 @@ def _run(cfg: DictConfig) -> MainResult:
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}
     with use_tracker(None, cfg.logger, **run_settings) as tracker:
         train.log_config_params(tracker, cfg)  # a run failing before training: which job it was
-        tracker.set_tags({"task": cfg.task_name})
+        tracker.set_tags({"task": cfg.task_name, **sweep_tags()})
         # packaged and registered last: a job that fails in evaluation or scoring registers no
         # version and moves no alias (downstream scoring with <name>@<alias> keeps the previous
         # model), nor changes the model/ of a resumed run that a version was registered from

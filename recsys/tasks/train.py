@@ -32,7 +32,13 @@ from recsys.checkpoint import (
     set_transition_prior_weight,
     write_scoring_checkpoint,
 )
-from recsys.config import check_required, event_schema, prepare_settings, to_container
+from recsys.config import (
+    check_required,
+    event_schema,
+    prepare_settings,
+    sweep_tags,
+    to_container,
+)
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.dataset import width_multiple
 from recsys.data.options import time_buckets
@@ -1064,7 +1070,11 @@ def _run(
         tracker, cfg.logger, run_name=cfg.task_name, continue_run_id=continued
     ) as tracker:
         tracker.set_tags(
-            {"data.fingerprint": datamodule.stats["fingerprint"], "task": cfg.task_name}
+            {
+                "data.fingerprint": datamodule.stats["fingerprint"],
+                "task": cfg.task_name,
+                **sweep_tags(),
+            }
         )
         if initialised is not None:
             tracker.set_tags(initialised.run_tags("train.initialised_from"))

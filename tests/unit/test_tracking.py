@@ -395,3 +395,36 @@ def test_a_job_killed_by_sigterm_after_training_is_logged_and_its_run_marked_fai
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # (it would win over the path)
     tracker = Tracker(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_id=run_id)
     assert tracker.client.get_run(run_id).info.status == "FAILED"
+
+
+def test_a_sweep_jobs_run_is_tagged_with_its_sweep_and_job():
+    """Each job of a -m sweep is a run of its own: tags tie it to its sweep (an audit found
+    them told apart only by their parameters). Outside a sweep, none."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from recsys.config import sweep_tags
+
+    root = Path(__file__).resolve().parents[2]
+    assert sweep_tags() == {}  # no Hydra job at all (a notebook)
+    with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
+        cfg = compose("config", ["model.num_heads=2"], return_hydra_config=True)
+    multirun = cfg.copy()
+    with open_dict(multirun):
+        multirun.hydra.mode = "MULTIRUN"
+        multirun.hydra.job.num = 3
+        multirun.hydra.sweep.dir = "/tmp/sweeps/night"
+    instance = HydraConfig.instance()
+    before = instance.cfg
+    try:
+        instance.set_config(cfg)
+        assert sweep_tags() == {}  # a single run
+        instance.set_config(multirun)
+        assert sweep_tags() == {
+            "sweep.dir": "/tmp/sweeps/night",
+            "sweep.job": "3",
+            "sweep.overrides": "model.num_heads=2",
+        }
+    finally:
+        instance.cfg = before
