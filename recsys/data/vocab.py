@@ -75,6 +75,16 @@ class Vocab:
             return 1
         return max(1, int(self.items[ATTRIBUTE_INDICES].list.len().max()))
 
+    def encoder_sizes(self) -> dict[str, int]:
+        """The encoder arguments this vocabulary sets (an encoder takes those it has):
+        ``num_items``, ``num_attributes``, ``item_attribute_width``, ``num_behaviors``."""
+        return {
+            "num_items": self.num_items,
+            "num_attributes": self.num_attributes,
+            "item_attribute_width": self.attribute_width,
+            "num_behaviors": self.num_behaviors,
+        }
+
     @classmethod
     def fit(
         cls,

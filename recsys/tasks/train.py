@@ -115,12 +115,7 @@ def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Mod
     """Instantiate ``model`` with the sizes that come from the data (never typed into yaml)."""
     vocab = datamodule.vocab
     encoder = _encoder(
-        cfg,
-        num_items=vocab.num_items,
-        num_attributes=vocab.num_attributes,
-        item_attribute_width=vocab.attribute_width,
-        num_behaviors=vocab.num_behaviors,
-        num_time_buckets=datamodule.time_buckets.num_embeddings,
+        cfg, **vocab.encoder_sizes(), num_time_buckets=datamodule.time_buckets.num_embeddings
     )
     if hasattr(encoder, "set_item_attributes"):  # optional: encoders without side information
         encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))

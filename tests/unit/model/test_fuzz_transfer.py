@@ -95,10 +95,7 @@ def build(kind: str, vocab: Vocab, settings: dict, seed: int) -> torch.nn.Module
     if kind == "sasrec":
         return SASRec(num_items=vocab.num_items, max_seq_len=5, **settings)
     model = ATRank(
-        num_items=vocab.num_items,
-        num_attributes=vocab.num_attributes,
-        item_attribute_width=vocab.attribute_width,
-        num_behaviors=vocab.num_behaviors,
+        **vocab.encoder_sizes(),
         num_time_buckets=4,
         max_seq_len=5,
         **settings,

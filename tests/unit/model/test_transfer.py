@@ -46,10 +46,7 @@ NEW = vocab([12, 20, 10, 21], ["c", "b"], [[3], [2], [3], [2]])
 def atrank(v: Vocab, seed: int) -> ATRank:
     torch.manual_seed(seed)
     model = ATRank(
-        num_items=v.num_items,
-        num_attributes=v.num_attributes,
-        item_attribute_width=v.attribute_width,
-        num_behaviors=v.num_behaviors,
+        **v.encoder_sizes(),
         num_time_buckets=5,
         max_seq_len=6,
         d_model=8,

@@ -45,10 +45,7 @@ def build_model(
     torch.manual_seed(seed)
     if kind == "atrank":
         encoder = ATRank(
-            num_items=vocab.num_items,
-            num_attributes=vocab.num_attributes,
-            item_attribute_width=vocab.attribute_width,
-            num_behaviors=vocab.num_behaviors,
+            **vocab.encoder_sizes(),
             num_time_buckets=17,
             max_seq_len=MAX_SEQ_LEN,
             d_model=16,

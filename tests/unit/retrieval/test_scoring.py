@@ -39,10 +39,7 @@ def setup(tmp_path_factory):
     vocab = Vocab.load(folder)
     torch.manual_seed(0)
     encoder = ATRank(
-        num_items=vocab.num_items,
-        num_attributes=vocab.num_attributes,
-        item_attribute_width=vocab.attribute_width,
-        num_behaviors=vocab.num_behaviors,
+        **vocab.encoder_sizes(),
         num_time_buckets=17,
         max_seq_len=12,
         d_model=16,

@@ -4,6 +4,8 @@ from unseen items, and schedules set in epochs under gradient accumulation."""
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import warnings
 from functools import partial
 from types import SimpleNamespace
@@ -13,6 +15,7 @@ import torch
 
 from recsys.data.batch import SeqBatch
 from recsys.training.module import SeqRecModule
+from tests.unit.training.test_fuzz_losses_metrics import random_batch
 from tests.unit.training.test_module import _ByIndex as ByIndex
 
 NUM_ITEMS = 30
@@ -147,17 +150,12 @@ def test_a_schedule_set_in_epochs_counts_optimizer_steps_not_batches(batches, ac
 
 
 def atrank_eval_batch(rows: int = 7) -> SeqBatch:
+    """test_fuzz_losses_metrics' random batch as an evaluation batch: one real target per row,
+    user rows from 10, and a history of 9 items beyond the window."""
     g = torch.Generator().manual_seed(5)
-    width = 6
-    lengths = torch.randint(1, width + 1, (rows,), generator=g)
-    mask = torch.arange(width)[None, :] >= width - lengths[:, None]
-    item = torch.randint(2, NUM_ITEMS, (rows, width), generator=g) * mask
-    return SeqBatch(
-        item=item,
-        behavior=torch.randint(2, 5, (rows, width), generator=g) * mask,
-        time_bucket=torch.randint(1, 6, (rows, width), generator=g) * mask,
-        padding_mask=mask,
-        query_time_bucket=torch.randint(1, 6, (rows, width), generator=g) * mask,
+    batch = random_batch(random.Random(5), g, NUM_ITEMS, rows, 6)
+    return dataclasses.replace(
+        batch,
         target_item=torch.randint(2, NUM_ITEMS, (rows,), generator=g),
         target_behavior=torch.full((rows,), 2),
         user_index=torch.arange(10, 10 + rows),
@@ -249,9 +247,7 @@ def test_the_target_attention_objective_draws_negatives_as_shared_negatives_says
     drawn = []
     sample = m.sampler.sample
     m.sampler.sample = lambda shape, **kw: drawn.append(tuple(shape)) or sample(shape, **kw)
-    batch = atrank_eval_batch(rows=5)
-    batch.target_item = batch.target_item[:, None].expand(-1, batch.item.shape[1]).clone()
-    batch.target_behavior = batch.target_behavior[:, None].expand_as(batch.target_item).clone()
+    batch = random_batch(random.Random(3), torch.Generator().manual_seed(3), NUM_ITEMS, 5, 6)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log outside a Trainer
         loss = m.training_step(batch, 0)
