@@ -71,8 +71,11 @@ def vocabulary_rows(encoder: torch.nn.Module) -> Mapping[str, str]:
 
 
 def _matches(old: pl.DataFrame, new: pl.DataFrame, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (old, new) of the entries whose ``key`` (a raw id) both tables hold."""
-    if old.schema[key] != new.schema[key]:
+    """Indices (old, new) of the entries whose ``key`` (a raw id) both tables hold. Integer ids
+    match by value whatever their width or sign (an export whose ids became UInt64 keeps its
+    rows); ids of another kind (text against integers) match nothing."""
+    old_type, new_type = old.schema[key], new.schema[key]
+    if old_type != new_type and not (old_type.is_integer() and new_type.is_integer()):
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
     pairs = old.select(key, pl.col(INDEX).alias("old")).join(
         new.select(key, pl.col(INDEX).alias("new")), on=key, how="inner"

@@ -99,6 +99,24 @@ def test_the_tied_item_encoders_carry_their_item_table(cls):
     assert carried.describe() == "2 of 4 items carried over (the rest start fresh)"
 
 
+def test_integer_ids_of_another_width_or_sign_carry_by_value():
+    """Last night's export wrote Int64 ids, tonight's UInt64 (or the other way round): the
+    same items, so their rows carry (they were refused as 'shares no item id')."""
+    unsigned = Vocab(
+        items=NEW.items.with_columns(pl.col("item_id").cast(pl.UInt64)),
+        attributes=NEW.attributes,
+        behaviors=NEW.behaviors,
+    )
+    for old_vocab, new_vocab in ((OLD, unsigned), (unsigned, OLD)):
+        old, new = atrank(old_vocab, seed=0), atrank(new_vocab, seed=1)
+        carried = carry_over(old, old_vocab, new, new_vocab)
+        pairs = old_vocab.items.join(new_vocab.items, on="item_id").select("index", "index_right")
+        assert carried.items == pairs.height == 2  # items 10 and 12
+        table = "embedding.item_embedding.weight"
+        was, now = old.state_dict()[table], new.state_dict()[table]
+        torch.testing.assert_close(now[pairs["index_right"]], was[pairs["index"]])
+
+
 def test_a_vocabulary_of_other_ids_is_refused_naming_both_id_types():
     other = vocab(["10", "12"], ["b"], [[2], [2]])  # the same ids, read as text
     with pytest.raises(LookupError, match=r"shares no item id.*Int64.*\[10, 11, 12\].*String"):
