@@ -92,7 +92,8 @@ def carry_over(
     """Load ``source``'s weights into ``target`` (same class and settings, sizes from another
     vocabulary), the vocabulary-indexed rows matched by id. Raises LookupError when the two
     vocabularies share no item id (another catalogue, or ids of another type), ValueError when
-    another weight's shape differs, TypeError for an encoder without ``VOCABULARY_ROWS``."""
+    another weight's shape differs or either model has a weight the other lacks, TypeError for
+    an encoder without ``VOCABULARY_ROWS``."""
     rows = vocabulary_rows(target)
     old_items, new_items = _matches(source_vocab.items, target_vocab.items, ITEM)
     if old_items.numel() == 0:
@@ -106,6 +107,12 @@ def carry_over(
     index = {"item": (old_items, new_items), "attribute": (old_attrs, new_attrs)}
     reserved = torch.arange(NUM_RESERVED)
     old_state, state = source.state_dict(), target.state_dict()
+    extra = sorted(set(old_state) - set(state))
+    if extra:  # (other settings: an item bias, another depth) its training would be lost
+        raise ValueError(
+            f"the model has weights this run's encoder lacks: {extra[:5]}"
+            + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        )
     merged = {}
     for key, value in state.items():
         kind = rows.get(key)

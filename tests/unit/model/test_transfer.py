@@ -117,6 +117,28 @@ def test_integer_ids_of_another_width_or_sign_carry_by_value():
         torch.testing.assert_close(now[pairs["index_right"]], was[pairs["index"]])
 
 
+def test_weights_either_model_lacks_are_refused_by_name():
+    """A two-layer model into a one-layer encoder (or the other way round): a trained layer
+    would be left behind, or a layer left untrained, so neither is carried silently."""
+    deep = atrank(OLD, seed=0)  # num_layers=2, the default
+    torch.manual_seed(1)
+    shallow = ATRank(
+        **NEW.encoder_sizes(),
+        num_time_buckets=5,
+        max_seq_len=6,
+        d_model=8,
+        item_bias=True,
+        num_layers=1,
+    )
+    before = {k: v.clone() for k, v in shallow.state_dict().items()}
+    with pytest.raises(ValueError, match=r"weights this run's encoder lacks: \['[^']*\.1\."):
+        carry_over(deep, OLD, shallow, NEW)
+    for key, value in shallow.state_dict().items():  # refused before touching a weight
+        assert torch.equal(value, before[key]), key
+    with pytest.raises(ValueError, match=r"the model has no weight '[^']*\.1\."):
+        carry_over(shallow, NEW, atrank(OLD, seed=2), OLD)
+
+
 def test_a_vocabulary_of_other_ids_is_refused_naming_both_id_types():
     other = vocab(["10", "12"], ["b"], [[2], [2]])  # the same ids, read as text
     with pytest.raises(LookupError, match=r"shares no item id.*Int64.*\[10, 11, 12\].*String"):
