@@ -108,7 +108,7 @@ def carry_over(
     reserved = torch.arange(NUM_RESERVED)
     old_state, state = source.state_dict(), target.state_dict()
     extra = sorted(set(old_state) - set(state))
-    if extra:  # (other settings: an item bias, another depth) its training would be lost
+    if extra:  # (other settings, e.g. another depth) their training would be lost
         raise ValueError(
             f"the model has weights this run's encoder lacks: {extra[:5]}"
             + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
