@@ -594,6 +594,13 @@ def read_movielens_movies(path: PathLike) -> pl.LazyFrame:
             f"{src.path}: the first line {_shown(src.first)} is not a {src.what} record "
             "('MovieID::Title::Genres'); is this the right file?"
         )
+    if _is_int(src.first.rsplit("::", 1)[1]):  # ratings.dat / users.dat end in a number
+        raise DataError(
+            f"{src.path}: the first line {_shown(src.first)} is not a {src.what} record "
+            "('MovieID::Title::Genres': its last field holds genre names, not a number); it "
+            "looks like ratings.dat ('UserID::MovieID::Rating::Timestamp') or users.dat: point "
+            "the path (data.items.path) at movies.dat"
+        )
     genres = pl.col(_TEXT).str.extract(r"^.*?::.*::(.*)$", 1)
     return _scan_lines(src, "::").select(
         _int(pl.col(_TEXT).str.extract(r"^(.*?)::", 1)).alias(ITEM),

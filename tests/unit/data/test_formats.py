@@ -507,6 +507,12 @@ def test_wrong_formats(tmp_path):
         read_s3rec(taobao)
     with pytest.raises(DataError, match=r"taobao\.csv: .*MovieID::Title::Genres"):
         read_movielens_movies(taobao)
+    # ratings.dat / users.dat have "::" and an integer first field too: not movies.dat
+    with pytest.raises(DataError, match=r"ratings\.dat: .* looks like ratings\.dat.*movies\.dat"):
+        read_movielens_movies(ratings)
+    users = write(tmp_path / "users.dat", "1::F::1::10::48067\n2::M::56::16::70072\n")
+    with pytest.raises(DataError, match=r"users\.dat: .* not a MovieLens movies\.dat record"):
+        read_movielens_movies(users)
     with pytest.raises(DataError, match=r"taobao\.csv: header .* is not the RetailRocket"):
         read_retailrocket(taobao)
     events = write(tmp_path / "events.csv", EVENTS_CSV)
