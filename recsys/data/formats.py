@@ -557,7 +557,10 @@ def read_s3rec_attributes(path: PathLike) -> pl.LazyFrame:
         # pairs, not a dict: a repeated key must not silently replace the earlier one
         pairs = json.loads(raw.decode("utf-8-sig"), object_pairs_hook=lambda kv: kv)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DataError(f"{p} is not valid JSON ({err}): download the {what} file again") from err
+        raise DataError(
+            f"{p} is not valid JSON ({err}): is this the {what} file (not the <Name>.txt "
+            "sequences)? If it is, download it again"
+        ) from err
     if not isinstance(pairs, list) or not all(isinstance(kv, tuple) for kv in pairs):
         raise DataError(
             f'{p}: expected a JSON object {{"<item id>": [attribute ids], ...}}, '

@@ -491,6 +491,9 @@ def test_wrong_file_types(tmp_path):
         read_s3rec_attributes(write(tmp_path / "Beauty_item2attributes.json", "[1, 2]"))
     with pytest.raises(DataError, match=r"broken\.json is not valid JSON"):
         read_s3rec_attributes(write(tmp_path / "broken.json", '{"1": [1, 2'))
+    sequences = write(tmp_path / "Beauty.txt", "1 1 2 3\n2 4 5\n")  # the files swapped
+    with pytest.raises(DataError, match=r"Beauty\.txt is not valid JSON.*is this the S3-Rec"):
+        read_s3rec_attributes(sequences)
 
 
 def test_wrong_formats(tmp_path):
