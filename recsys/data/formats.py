@@ -40,7 +40,8 @@ Contract shared by every loader:
   (an id or timestamp that is not an integer, a missing field; surplus fields stay in the last
   field, which then fails to parse), so the pipeline's bad-row policy (``data.bad_rows``) stops
   or quarantines it. Only blank lines are skipped, as they hold no record (except in
-  :func:`read_taobao`, whose fast typed scan reads every line, a blank one as a row of nulls).
+  :func:`read_taobao`, whose fast typed scan reads every line, a blank one as a row of nulls,
+  though blank lines at the end of the file are skipped there too).
 * A text file whose last line has no line end was most likely cut mid-row (a truncated download,
   ``head -c``): that line's last field may be incomplete, so it is read as null (a missing field is
   null anyway) and a warning names the file and the line. If the file is in fact complete, append
@@ -161,6 +162,35 @@ def _last_line_info(path: Path, data: bytes | None) -> tuple[int, bytes] | None:
             offset += len(chunk)
         f.seek(last_nl + 1)
         return count, f.read()
+
+
+def _trailing_blank_rows(src: _Source) -> tuple[int, int] | None:
+    """``(rows, blank)`` when the file ends in blank lines: a CSV scan's row count (one per line)
+    and how many of its last rows are blank lines. Only the file's tail is read, and the lines
+    are counted (one pass) only when it does end in blank lines."""
+    if src.data is not None:
+        tail = src.data[-_HEAD_BYTES:]
+    else:
+        with open(src.path, "rb") as f:
+            f.seek(max(0, src.path.stat().st_size - _HEAD_BYTES))
+            tail = f.read()
+    lines = tail.split(b"\n")
+    if lines[-1] == b"":  # after the last line end: no row
+        lines.pop()
+    blank = 0
+    for line in reversed(lines[1:]):  # (the first may be part of a longer line)
+        if line.decode("utf-8", "replace").strip(_STRIP):
+            break
+        blank += 1
+    if not blank:
+        return None
+    if src.data is not None:
+        count = src.data.count(b"\n")
+    else:
+        with open(src.path, "rb") as f:
+            count = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""))
+    rows = count + (0 if tail.endswith(b"\n") else 1)
+    return rows, blank
 
 
 def _read_source(path: PathLike, what: str, *, encoding: str = "utf-8") -> _Source:
@@ -329,7 +359,8 @@ def read_taobao(path: PathLike) -> pl.LazyFrame:
 
     A plain file is read by polars' typed CSV scanner and streams (the full 3.5 GB file is fine);
     a ``.gz`` is decompressed into memory first. Every line is one row, so unlike the other text
-    loaders a blank line here is a row of nulls; a value that is not an integer is a null. A line
+    loaders a blank line here is a row of nulls, except blank lines at the end of the file
+    (skipped); a value that is not an integer is a null. A line
     with more than five fields makes polars fail at collect time ("found more fields than
     defined in 'Schema'"): such a file is not in this format.
 
@@ -349,6 +380,10 @@ def read_taobao(path: PathLike) -> pl.LazyFrame:
         ignore_errors=True,
         encoding="utf8-lossy",
     )
+    trailing = _trailing_blank_rows(src)
+    if trailing is not None:  # blank lines at the end hold no record: not rows of nulls
+        rows, blank = trailing
+        lf = lf.slice(0, rows - blank)
     if src.cut is not None:  # null the possibly cut last field (missing fields are null already)
         line_no, text = src.cut
         cut_from = min(text.count(","), len(_TAOBAO_FIELDS) - 1)

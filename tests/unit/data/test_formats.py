@@ -241,6 +241,20 @@ def test_taobao_tiny_plain_and_gzip(tmp_path, suffix):
     assert_frame_equal(read_taobao(str(path)).collect(), expected)  # str or PathLike
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
+@pytest.mark.parametrize("end", ["\n\n", "\r\n\r\n", "\n\n \n\n", "\n \t"])
+def test_taobao_blank_lines_at_the_end_are_no_rows(tmp_path, suffix, end):
+    """A final empty line (an editor's, ``echo >>`` once too often) holds no record: it is not
+    a row of nulls that stops preparation (bad_rows.null_id); a blank line inside still is."""
+    text = "1,2,3,pv,1511544070\n\n4,5,6,buy,1511544071" + end
+    df = read_taobao(write(tmp_path / f"UserBehavior{suffix}", text)).collect()
+    assert df.rows() == [
+        (1, 2, 3, "pv", 1511544070),
+        (None, None, None, None, None),
+        (4, 5, 6, "buy", 1511544071),
+    ]
+
+
 def test_taobao_plain_file_with_a_cut_last_line(tmp_path, caplog):
     path = write(tmp_path / "UserBehavior.csv", "1,2,3,pv,1511544070\n4,5,6,buy,15115")
     with caplog.at_level(logging.WARNING):
