@@ -486,12 +486,40 @@ def enforce(
                 .to_list()
             )
             detail = f"names {names}; {detail}"
-        what = _DESCRIPTIONS[kind].format(**wording)
-        lines.append(f"{counts[kind]} row(s) {what} [{kind}] ({detail}); fix: {_FIXES[kind]}")
+        what, fix = _DESCRIPTIONS[kind].format(**wording), _FIXES[kind]
+        if kind == "bad_timestamp":
+            what, fix = _timestamp_wording(examples, counts[kind], what, fix, wording)
+        lines.append(f"{counts[kind]} row(s) {what} [{kind}] ({detail}); fix: {fix}")
     raise DataError(
         f"{source_name}: bad rows (row numbers are 0-based, header excluded), nothing was "
         "written:\n  - " + "\n  - ".join(lines)
     )
+
+
+def _timestamp_wording(
+    examples: pl.LazyFrame, count: int, what: str, fix: str, wording: Mapping
+) -> tuple[str, str]:
+    """The bad-timestamp line's description and fix when some of its rows have no timestamp
+    at all: a unit or format hint does not help there (a format loader reads the last field
+    of a file's last line without a line end, a probable cut, as empty)."""
+    empty = (
+        examples.filter(pl.col(PROBLEM) == "bad_timestamp")
+        .select(pl.col(RAW_TIMESTAMP).is_null().sum())
+        .collect(engine="streaming")
+        .item()
+    )
+    if not empty:
+        return what, fix
+    fill = (
+        "fill the empty timestamps upstream (a file whose last line has no line end has that "
+        "line's last field read as empty: see the warning above, if any)"
+    )
+    if empty == count:
+        column = wording[TIMESTAMP]
+        return f"with an empty timestamp (column {column!r})", (
+            f"{fill}, or data.bad_rows.bad_timestamp=drop"
+        )
+    return f"{what} ({empty} of them empty)", f"{fill}; {fix}"
 
 
 def log_summary(counts: Mapping[str, int], *, source_name: str) -> None:

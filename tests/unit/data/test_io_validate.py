@@ -175,6 +175,26 @@ def test_unparseable_timestamps_are_counted_and_quoted(tmp_path):
     ]
 
 
+def test_empty_timestamps_are_named_as_empty_with_their_own_fix(tmp_path):
+    """A missing timestamp is not a unit or format problem: the fix says to fill it (a format
+    loader reads a probably cut last line's last field as empty)."""
+    good = "1,2,2024-01-01T00:00:00Z,view\n2,4,2024-01-02T00:00:00Z,view\n"
+    fill = (
+        "fix: fill the empty timestamps upstream (a file whose last line has no line end has "
+        "that line's last field read as empty: see the warning above, if any)"
+    )
+    path = write(tmp_path / "in", "log.csv", HEADER + good + "1,3,,view\n")
+    assert problem_lines(prepare_fails(tmp_path, path), str(path)) == [
+        "1 row(s) with an empty timestamp (column 'timestamp') [bad_timestamp] (row 2: None); "
+        f"{fill}, or data.bad_rows.bad_timestamp=drop"
+    ]
+    path = write(tmp_path / "in2", "log.csv", HEADER + good + "1,3,,view\n2,3,garbage,view\n")
+    assert problem_lines(prepare_fails(tmp_path, path), str(path)) == [
+        "2 row(s) whose timestamp (column 'timestamp') could not be parsed (1 of them empty) "
+        f"[bad_timestamp] (row 2: None, row 3: 'garbage'); {fill}; {TIMESTAMP_FIX[5:]}"
+    ]
+
+
 def test_null_ids_are_counted_and_quoted(tmp_path):
     path = write(
         tmp_path / "in",
