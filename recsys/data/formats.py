@@ -478,6 +478,13 @@ def read_movielens_ratings(path: PathLike) -> pl.LazyFrame:
     (1, 1193, 5.0, 978300760)
     """
     src = _read_source(path, "MovieLens ratings.dat")
+    if src.first.replace(" ", "").lower() == "userid,movieid,rating,timestamp":
+        raise DataError(
+            f"{src.path} is a MovieLens ratings.csv (ML-20M, ML-25M, ml-latest: a CSV with a "
+            "header), not the '::'-separated ratings.dat this loader reads: prepare it as any "
+            f"CSV, data=events_file data.source={src.path} data.columns.user_id=userId "
+            "data.columns.item_id=movieId data.columns.event_type=null"
+        )
     _check_first_record(src, "::", 4, (0, 1, 3))
     names = [USER, ITEM, RATING, TIMESTAMP]
     return (

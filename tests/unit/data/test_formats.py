@@ -535,6 +535,10 @@ def test_wrong_formats(tmp_path):
     events = write(tmp_path / "events.csv", EVENTS_CSV)
     with pytest.raises(DataError, match=r"events\.csv: header .* item_properties"):
         read_retailrocket_categories(events)
+    # ML-20M / ML-25M ship ratings.csv (a header, commas): named, with the events_file route
+    csv = write(tmp_path / "ratings.csv", "userId,movieId,rating,timestamp\n1,296,5.0,1147880044\n")
+    with pytest.raises(DataError, match=r"ratings\.csv is a MovieLens ratings\.csv .*events_file"):
+        read_movielens_ratings(csv)
 
 
 # ---------------------------------------------------------------------------------------------
