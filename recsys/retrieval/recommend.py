@@ -218,6 +218,14 @@ class Recommender:
                 recommendable,
             )
         self.category = catalogue.category.to(self.device)
+        if rules.max_per_category is not None and not bool((catalogue.category > 0).any()):
+            log.warning(
+                "retrieval.rules.max_per_category=%d has no effect: no item of this catalogue "
+                "has a category or attribute (the model was trained without "
+                "data.columns.category, data.columns.attributes or data.items), so nothing is "
+                "capped: train with a category column, or drop the rule",
+                rules.max_per_category,
+            )
         pop = catalogue.popularity.double().log1p()
         # in [0, 1): a popularity order that never outweighs one shared-category event
         self.popularity = (pop / (pop.max() + 1.0)).float().to(self.device)

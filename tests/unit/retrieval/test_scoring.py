@@ -192,6 +192,46 @@ def test_max_per_category(setup):
     assert capped.height == events[USER].n_unique() * TOP_K  # the cap looks deeper, not shorter
 
 
+def test_max_per_category_without_categories_warns_that_it_caps_nothing(tmp_path, caplog):
+    """A model trained without a category column (or attributes, or an item table) has no
+    category for any item: the cap cannot apply, and a warning says so instead of the lists
+    coming out uncapped in silence."""
+    events = generate_events(num_users=20, num_items=30, num_categories=3, seed=2)
+    events = events.drop("category")
+    schema = EventSchema(columns={c: c for c in (USER, ITEM, TIMESTAMP, EVENT_TYPE)})
+    prepare_dataset(events, schema=schema, settings=PrepareSettings(), out_dir=tmp_path / "p")
+    vocab = Vocab.load(tmp_path / "p")
+    torch.manual_seed(0)
+    encoder = ATRank(
+        **vocab.encoder_sizes(), num_time_buckets=17, max_seq_len=8, d_model=8, num_layers=1
+    ).eval()
+    encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
+    model = LoadedModel(
+        encoder=encoder,
+        vocab=vocab,
+        schema=schema,
+        time_buckets=TimeBuckets(),
+        max_seq_len=8,
+        path=Path("model.ckpt"),
+        target_behaviors=tuple(vocab.behaviors),
+    )
+    with caplog.at_level("WARNING", logger="recsys.retrieval.recommend"):
+        frame = _score(model, events, rules={"max_per_category": 1})
+    assert frame.height == events[USER].n_unique() * TOP_K
+    assert "retrieval.rules.max_per_category=1 has no effect" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="recsys.retrieval.recommend"):
+        _score(model, events)
+    assert "max_per_category" not in caplog.text
+
+
+def test_max_per_category_with_categories_does_not_warn(setup, caplog):
+    model, events = setup
+    with caplog.at_level("WARNING", logger="recsys.retrieval.recommend"):
+        _score(model, events, rules={"max_per_category": 1})
+    assert "max_per_category" not in caplog.text
+
+
 COLD_USERS = [900_001, 900_002]
 
 
