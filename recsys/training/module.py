@@ -746,8 +746,19 @@ class SeqRecModule(pl.LightningModule):
             weights = probs.clone()
             weights[seen[row]] = 0.0
             weights[target] = 0.0
-            if not weights.sum() > 0:  # a user who has had every item: no negative
-                weights, valid[row] = probs, False
+            if not weights.sum() > 0:
+                # a user who has had every item the sampler can draw: rather than rank the
+                # target first against no negative (sampled HR 1 beside AUC 0), draw from the
+                # items other than the target, history included, uniformly if the sampler
+                # gives them no weight (a popularity sampler's items unseen in training)
+                weights = probs.clone()
+                weights[target] = 0.0
+                if not weights.sum() > 0:
+                    weights = torch.ones_like(probs)
+                    weights[:NUM_RESERVED] = 0.0
+                    weights[target] = 0.0
+                if not weights.sum() > 0:  # a catalogue of one item: no negative at all
+                    weights, valid[row] = probs, False
             generator = torch.Generator().manual_seed(user * 7919 + target)
             negatives[row] = torch.multinomial(weights, count, True, generator=generator)
         ranks, auc = sampled_ranks(

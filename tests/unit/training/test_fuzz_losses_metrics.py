@@ -557,8 +557,12 @@ def test_full_rank_sampled_metrics_auc_and_coverage_match_brute_force(chunk, mon
                 for j in range(2, items)
                 if j not in seen and j != tg and (sampled["sampler"] == "uniform" or counts[j] > 0)
             ]
-            if not allowed:
-                continue  # see the report: no negative -> sampled HR 1 but AUC 0
+            if not allowed:  # nothing unseen to draw: the other items, history included
+                allowed = [
+                    j
+                    for j in range(2, items)
+                    if j != tg and (sampled["sampler"] == "uniform" or counts[j] > 0)
+                ] or [j for j in range(2, items) if j != tg]
             negs = captured["negatives"][b].tolist()
             assert all(captured["valid"][b].tolist()) and set(negs) <= set(allowed), seed
             higher = sum(raw[j] > raw[tg] for j in negs)

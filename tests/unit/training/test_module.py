@@ -850,6 +850,29 @@ def test_sampled_metrics_rank_against_num_negatives_unseen_items_however_long_th
     assert metrics["auc"].tolist() == [0.0] * len(b)
 
 
+@pytest.mark.parametrize("sampler", ["uniform", "popularity"])
+def test_a_user_who_has_had_every_other_item_is_ranked_against_history_negatives(sampler):
+    # a small catalogue (or a popularity sampler whose only drawable items the user has had):
+    # no unseen item is left to draw. The target (item 2) scores below every other item; it
+    # used to rank 1st against no negative (sampled HR 1) while its AUC read 0
+    counts = torch.zeros(NUM_ITEMS, dtype=torch.long)
+    counts[[2, 5]] = 3  # popularity: only the target and a seen item can be drawn
+    m = SeqRecModule(
+        _ByIndex(),
+        None,
+        metric_ks=(1,),
+        sampled_metrics={"num_negatives": 4, "sampler": sampler},
+        item_counts=counts,
+    )
+    b = batch()
+    b.target_item = torch.full((len(b),), 2)
+    b.seen_item = torch.arange(3, NUM_ITEMS).expand(len(b), -1)  # every real item but 2
+    metrics = m.eval().evaluation_metrics(b)
+    assert metrics["sampled_hr_at_1"].tolist() == [0.0] * len(b)
+    assert metrics["sampled_ndcg_at_1"].tolist() == [0.0] * len(b)
+    assert metrics["auc"].tolist() == [0.0] * len(b)
+
+
 @pytest.mark.parametrize("rerank_top_n", [0, 20])
 def test_an_excluded_target_is_a_miss_at_cutoffs_beyond_the_catalogue(rerank_top_n):
     # 28 real items, cutoff 20: the user has had 25 of them, excluded (-inf), the target among
