@@ -183,6 +183,37 @@ class ScoringData:
         return np.add.reduceat(known, self.store.offsets[:-1]) if len(known) else known
 
 
+def _check_category_cap(
+    cap: int, category: torch.Tensor, blocked: torch.Tensor, options: ScoringOptions
+) -> None:
+    """Warn when ``retrieval.rules.max_per_category`` caps nothing (no item has a category) or
+    leaves every list short of ``top_k`` (too few categories among the items this job may
+    recommend: the fallback obeys the cap too). Shapes: category, blocked (I_c,)."""
+    if not bool((category > 0).any()):
+        log.warning(
+            "retrieval.rules.max_per_category=%d has no effect: no item of this catalogue "
+            "has a category or attribute (the model was trained without "
+            "data.columns.category, data.columns.attributes or data.items), so nothing is "
+            "capped: train with a category column, or drop the rule",
+            cap,
+        )
+        return
+    allowed = category.cpu()[~blocked.cpu()]
+    sizes = allowed[allowed > 0].unique(return_counts=True)[1]
+    categories = len(sizes)
+    most = int(sizes.clamp(max=cap).sum()) + int((allowed == 0).sum())
+    if most < min(options.top_k, len(allowed)):  # (top_k beyond them all: warned already)
+        log.warning(
+            "retrieval.rules.max_per_category=%d over the %d categories of the items this job "
+            "may recommend leaves at most %d items per list, under retrieval.top_k=%d: raise "
+            "max_per_category or lower top_k",
+            cap,
+            categories,
+            most,
+            options.top_k,
+        )
+
+
 class Recommender:
     """Scores chunks of users of ``data`` with ``model`` under ``rules``."""
 
@@ -218,14 +249,8 @@ class Recommender:
                 recommendable,
             )
         self.category = catalogue.category.to(self.device)
-        if rules.max_per_category is not None and not bool((catalogue.category > 0).any()):
-            log.warning(
-                "retrieval.rules.max_per_category=%d has no effect: no item of this catalogue "
-                "has a category or attribute (the model was trained without "
-                "data.columns.category, data.columns.attributes or data.items), so nothing is "
-                "capped: train with a category column, or drop the rule",
-                rules.max_per_category,
-            )
+        if rules.max_per_category is not None:
+            _check_category_cap(rules.max_per_category, catalogue.category, self.blocked, options)
         pop = catalogue.popularity.double().log1p()
         # in [0, 1): a popularity order that never outweighs one shared-category event
         self.popularity = (pop / (pop.max() + 1.0)).float().to(self.device)

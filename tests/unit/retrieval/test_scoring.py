@@ -232,6 +232,21 @@ def test_max_per_category_with_categories_does_not_warn(setup, caplog):
     assert "max_per_category" not in caplog.text
 
 
+def test_max_per_category_that_leaves_every_list_short_of_top_k_warns(setup, caplog):
+    """Too few categories for top_k under the cap: every list comes out short (the fallback
+    obeys the cap too), and a warning says how short instead of leaving it to be found."""
+    model, events = setup
+    categories = int(events["category"].n_unique())
+    with caplog.at_level("WARNING", logger="recsys.retrieval.recommend"):
+        frame = _score(model, events, top_k=20, rules={"max_per_category": 1, "exclude": "none"})
+    assert frame.group_by(USER).len()["len"].max() <= categories
+    assert (
+        f"retrieval.rules.max_per_category=1 over the {categories} categories of the items "
+        f"this job may recommend leaves at most {categories} items per list, under "
+        "retrieval.top_k=20"
+    ) in caplog.text
+
+
 COLD_USERS = [900_001, 900_002]
 
 
