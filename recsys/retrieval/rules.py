@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import torch
 
@@ -155,7 +156,9 @@ def read_item_list(source: str | Sequence, name: str) -> tuple[pl.Series, str | 
         except pl.exceptions.NoDataError:  # an empty file: no ids
             frame = pl.DataFrame({ITEM: pl.Series([], dtype=pl.String)})
     elif suffix in (".txt", ""):
-        lines = [x.strip() for x in path.read_text().splitlines() if x.strip()]
+        # ids as written (' 042 ' may be an id of a text catalogue); a line that is not one
+        # is matched without its surrounding spaces (_list_indices)
+        lines = [x for x in path.read_text().splitlines() if x.strip()]
         frame = pl.DataFrame({ITEM: pl.Series(lines, dtype=pl.String)})
     else:
         raise DataError(
@@ -185,7 +188,12 @@ def _list_indices(source, catalogue: Catalogue, name: str) -> torch.Tensor:
             f"retrieval.rules.{name} is empty, which allows no item: list at least one item id, "
             "or set it to null to allow every item"
         )
-    index = torch.from_numpy(catalogue.index_of(ids))
+    found = catalogue.index_of(ids)
+    if ids.dtype == pl.String and (found < NUM_RESERVED).any():
+        # an id as written first, so ' 7' and '7' stay two ids of a text catalogue, as in the
+        # log; else without the spaces around it (a hand-written list's stray blanks)
+        found = np.where(found < NUM_RESERVED, catalogue.index_of(ids.str.strip_chars()), found)
+    index = torch.from_numpy(found)
     unknown = int((index < NUM_RESERVED).sum())
     if unknown == ids.len() and name == "allow_list":
         raise DataError(

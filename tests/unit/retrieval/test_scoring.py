@@ -192,13 +192,8 @@ def test_max_per_category(setup):
     assert capped.height == events[USER].n_unique() * TOP_K  # the cap looks deeper, not shorter
 
 
-def test_max_per_category_without_categories_warns_that_it_caps_nothing(tmp_path, caplog):
-    """A model trained without a category column (or attributes, or an item table) has no
-    category for any item: the cap cannot apply, and a warning says so instead of the lists
-    coming out uncapped in silence."""
-    events = generate_events(num_users=20, num_items=30, num_categories=3, seed=2)
-    events = events.drop("category")
-    schema = EventSchema(columns={c: c for c in (USER, ITEM, TIMESTAMP, EVENT_TYPE)})
+def _tiny_model(events: pl.DataFrame, schema: EventSchema, tmp_path: Path) -> LoadedModel:
+    """An untrained ATRank over ``events`` prepared with ``schema``."""
     prepare_dataset(events, schema=schema, settings=PrepareSettings(), out_dir=tmp_path / "p")
     vocab = Vocab.load(tmp_path / "p")
     torch.manual_seed(0)
@@ -206,7 +201,7 @@ def test_max_per_category_without_categories_warns_that_it_caps_nothing(tmp_path
         **vocab.encoder_sizes(), num_time_buckets=17, max_seq_len=8, d_model=8, num_layers=1
     ).eval()
     encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
-    model = LoadedModel(
+    return LoadedModel(
         encoder=encoder,
         vocab=vocab,
         schema=schema,
@@ -215,6 +210,42 @@ def test_max_per_category_without_categories_warns_that_it_caps_nothing(tmp_path
         path=Path("model.ckpt"),
         target_behaviors=tuple(vocab.behaviors),
     )
+
+
+def test_a_text_list_keeps_ids_written_with_spaces(setup, tmp_path):
+    """Text ids are kept as written (' item 1' and 'item 1' are two items of the log): a .txt
+    deny list of such ids denies them, as a CSV does, where its stripped lines had matched
+    nothing (a warning, and the items recommended anyway). A line that is not an id as written
+    still matches without its surrounding spaces (' 12 ' in a list for integer ids)."""
+    events = generate_events(num_users=20, num_items=30, num_categories=3, seed=2)
+    events = events.with_columns((" item " + pl.col(ITEM).cast(pl.String)).alias(ITEM))
+    model = _tiny_model(events, EventSchema(), tmp_path)
+    plain = _score(model, events, rules={"exclude": "none"})
+    top = plain.filter(pl.col("rank") == 1)[ITEM].unique().to_list()
+    assert all(item.startswith(" item ") for item in top)
+    (tmp_path / "deny.txt").write_text("\n".join(top) + "\n")
+    (tmp_path / "deny.csv").write_text(ITEM + "\n" + "\n".join(top) + "\n")
+    for deny in ("deny.txt", "deny.csv"):
+        frame = _score(model, events, rules={"exclude": "none", "deny_list": str(tmp_path / deny)})
+        assert not set(frame[ITEM].to_list()) & set(top), deny
+    # stray blanks around ids of an integer catalogue still match
+    int_model, int_events = setup
+    ids = int_model.vocab.items[ITEM].head(2).to_list()
+    (tmp_path / "allow.txt").write_text(f"  {ids[0]}  \n\t{ids[1]}\n")
+    frame = _score(
+        int_model, int_events, rules={"exclude": "none", "allow_list": str(tmp_path / "allow.txt")}
+    )
+    assert set(frame[ITEM].to_list()) == set(ids)
+
+
+def test_max_per_category_without_categories_warns_that_it_caps_nothing(tmp_path, caplog):
+    """A model trained without a category column (or attributes, or an item table) has no
+    category for any item: the cap cannot apply, and a warning says so instead of the lists
+    coming out uncapped in silence."""
+    events = generate_events(num_users=20, num_items=30, num_categories=3, seed=2)
+    events = events.drop("category")
+    schema = EventSchema(columns={c: c for c in (USER, ITEM, TIMESTAMP, EVENT_TYPE)})
+    model = _tiny_model(events, schema, tmp_path)
     with caplog.at_level("WARNING", logger="recsys.retrieval.recommend"):
         frame = _score(model, events, rules={"max_per_category": 1})
     assert frame.height == events[USER].n_unique() * TOP_K
