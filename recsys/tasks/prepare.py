@@ -151,9 +151,11 @@ def _flat_differences(prefix: str, was: Any, now: Any) -> Iterator[tuple[str, An
 
 
 def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
-    """Prepare ``data.source`` into ``out_dir`` (default ``<run dir>/prepared``)."""
+    """Prepare ``data.source`` into ``out_dir`` (default: ``data.prepared_dir`` when set, as
+    ``python -m pipelines.prepare data.prepared_dir=<folder>`` makes the folder that
+    ``pipelines.train data.prepared_dir=<folder>`` reuses; else ``<run dir>/prepared``)."""
     check_required(cfg)
-    out_dir = Path(out_dir or Path(cfg.paths.run_dir) / "prepared")
+    out_dir = Path(out_dir or cfg.data.prepared_dir or Path(cfg.paths.run_dir) / "prepared")
     prepare_dataset(
         event_source(cfg),
         schema=event_schema(cfg.data),

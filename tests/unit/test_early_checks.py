@@ -174,6 +174,17 @@ def test_a_model_too_large_for_memory_names_the_window(make_config, monkeypatch)
         train.run(cfg)
 
 
+def test_the_prepare_pipeline_writes_into_data_prepared_dir(make_config, tmp_path):
+    """``pipelines.prepare data.prepared_dir=<folder>`` prepares into that folder (it was
+    ignored: the data went to the run folder), the folder a training then reuses."""
+    folder = tmp_path / "shared" / "prepared"
+    cfg = make_config("config", ["experiment=tiny", f"data.prepared_dir={folder}"])
+    assert prepare.run(cfg) == folder
+    assert (folder / "stats.json").is_file()
+    assert not (Path(cfg.paths.run_dir) / "prepared").exists()
+    assert prepare.prepared(cfg) == folder  # the training's reuse finds it as prepared
+
+
 def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_path):
     """``data.prepared_dir`` with a data override the folder was not prepared with is refused
     (the override would be logged as a run parameter while the folder's settings apply)."""
