@@ -35,6 +35,7 @@ import math
 import os
 import shutil
 import signal
+import stat
 import threading
 import time
 import uuid
@@ -264,11 +265,17 @@ def check_out_dir(out_dir: Path) -> None:
     """Refuse an ``out_dir`` that a preparation would replace at a loss: a file, or a folder
     holding anything but a prepared dataset (a raw log, a notebook, another tool's output).
     An empty folder, or one an earlier preparation wrote, is fine."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"output folder {out_dir} is a file: choose a folder path")
-    if not out_dir.is_dir():
+    # one look at the path: another preparation may replace the folder between two
+    try:
+        is_folder = stat.S_ISDIR(out_dir.stat().st_mode)
+    except FileNotFoundError:
         return
-    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in PREPARED_FILES)
+    if not is_folder:
+        raise DataError(f"output folder {out_dir} is a file: choose a folder path")
+    try:
+        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in PREPARED_FILES)
+    except (FileNotFoundError, NotADirectoryError):  # absent (or gone meanwhile)
+        return
     if foreign:
         more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
         shown = ", ".join(foreign[:5]) + more
@@ -320,18 +327,37 @@ def _staged(out_dir: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            out_dir.rename(old)
-            tmp.rename(out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out_dir)
+        _swap_in(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if created is not None:  # folders made for this run only: leave no trace
             shutil.rmtree(created, ignore_errors=True)
         raise
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> None:
+    """Rename ``tmp`` to ``out_dir``, moving an earlier ``out_dir`` aside (and deleting it)
+    first. Two preparations into one folder at once (a scheduler starting the same command
+    twice) may each find the other's folder there, or find it gone: each moves aside whatever
+    is there and tries again, so both succeed and the last one's dataset stays, instead of one
+    failing with a bare ``OSError`` and leaving an ``.old`` folder behind."""
+    for _ in range(100):
+        try:
+            tmp.rename(out_dir)  # (replaces an empty folder)
+            return
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex}")
+        try:
+            out_dir.rename(old)
+        except FileNotFoundError:  # another job moved it aside meanwhile
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+    raise OSError(
+        f"could not move the prepared dataset into {out_dir}: other jobs kept replacing it; "
+        "give each job its own output folder"
+    )
 
 
 class _Stopwatch:

@@ -824,3 +824,32 @@ def test_ids_of_any_export_type_prepare_hash_and_round_trip_like_their_values(dt
             assert got.stats["vocab_hash"] == expected.stats["vocab_hash"]
         saved = Vocab.load(tmp_path / name)
         assert Vocab.from_plain(saved.to_plain()).content_hash() == saved.content_hash()
+
+
+def test_preparations_into_one_folder_at_once_each_succeed(tmp_path):
+    """Two preparations into one folder at the same moment (a scheduler starting the same
+    command twice): each succeeds and one's dataset stays, with no ``.old`` folder left beside
+    it (the swap raised a bare OSError "Directory not empty" / FileNotFoundError)."""
+    import threading
+
+    from recsys.data.pipeline import _staging
+
+    out, errors, barrier = tmp_path / "prepared", [], threading.Barrier(4)
+
+    def prepare_repeatedly(worker):
+        for round in range(25):
+            barrier.wait()
+            try:
+                with _staging(out) as stage:
+                    (stage / "stats.json").write_text(f"{worker} {round}")
+            except Exception as err:
+                errors.append(err)
+
+    threads = [threading.Thread(target=prepare_repeatedly, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert [p.name for p in tmp_path.iterdir()] == ["prepared"]
+    assert [p.name for p in out.iterdir()] == ["stats.json"]
