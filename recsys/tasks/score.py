@@ -355,35 +355,38 @@ def run(
         job=job,
         overwrite=bool(output_cfg.get("overwrite", False)) if overwrite is None else overwrite,
     )
-    device = pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
-    timings = {}
-    if not output.complete:
-        try:  # rules and options checked against the catalogue: nothing left behind if refused
-            recommender = Recommender(model, data, rules=rules, options=options, device=device)
-        except BaseException:
-            output.abandon()
-            raise
-        timings["score/setup_seconds"] = time.perf_counter() - started
-        chunks = _chunks(data, options.user_chunk_size)
-        scoring_started = time.perf_counter()
-        for part, rows in enumerate(tqdm(chunks, desc="score", unit="part", mininterval=2.0)):
-            if output.done(part):
-                continue
-            output.write(part, recommender.recommend(rows))
-            if after_part is not None:
-                after_part(part)
-        timings["score/scoring_seconds"] = time.perf_counter() - scoring_started
-        summary = summarize(
-            output.scan(),
-            data.catalogue,
-            train_counts=model.vocab.item_train_counts(),
-            recommendable=int((~recommender.blocked).sum()),
-        )
-        counts = summary.pop("_counts")
-        summary_path = output.staging / SUMMARY_FILE
-        summary_path.write_text(json.dumps(summary, indent=2))
-        plot({**summary, "_counts": counts}, output.staging / PLOTS_FOLDER)
-        output.commit()
+    try:  # the output path is held until the output is committed or the job fails
+        device = pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
+        timings = {}
+        if not output.complete:
+            try:  # rules and options checked against the catalogue: nothing left behind if refused
+                recommender = Recommender(model, data, rules=rules, options=options, device=device)
+            except BaseException:
+                output.abandon()
+                raise
+            timings["score/setup_seconds"] = time.perf_counter() - started
+            chunks = _chunks(data, options.user_chunk_size)
+            scoring_started = time.perf_counter()
+            for part, rows in enumerate(tqdm(chunks, desc="score", unit="part", mininterval=2.0)):
+                if output.done(part):
+                    continue
+                output.write(part, recommender.recommend(rows))
+                if after_part is not None:
+                    after_part(part)
+            timings["score/scoring_seconds"] = time.perf_counter() - scoring_started
+            summary = summarize(
+                output.scan(),
+                data.catalogue,
+                train_counts=model.vocab.item_train_counts(),
+                recommendable=int((~recommender.blocked).sum()),
+            )
+            counts = summary.pop("_counts")
+            summary_path = output.staging / SUMMARY_FILE
+            summary_path.write_text(json.dumps(summary, indent=2))
+            plot({**summary, "_counts": counts}, output.staging / PLOTS_FOLDER)
+            output.commit()
+    finally:
+        output.release()
     summary = json.loads((output.path / SUMMARY_FILE).read_text())
     seconds = time.perf_counter() - started
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:

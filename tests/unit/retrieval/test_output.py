@@ -80,3 +80,24 @@ def test_an_empty_folder_at_the_output_path_is_written_into_without_overwrite(tm
     output = PartitionedOutput(tmp_path / "out", formats=["parquet"], job={"job": 1})
     output.write(0, pl.DataFrame({"user_id": [1], "rank": [1]}))
     assert pl.read_parquet(output.commit() / "part-00000.parquet")["user_id"].to_list() == [1]
+
+
+@pytest.mark.skipif(os.name == "nt", reason="no advisory locks on Windows")
+@pytest.mark.parametrize("other_job", [{"model": "a"}, {"model": "b"}])
+def test_a_second_job_on_an_output_path_being_written_is_refused(tmp_path, other_job):
+    """Two scoring jobs writing one retrieval.output.path at once (a scheduler starting the
+    same command twice): the second discarded or renamed the first's staging folder under it,
+    and one failed deep inside with a bare FileNotFoundError. Now the second is refused at
+    once, naming the path and the job holding it; the first completes, and after it the path
+    is free again, with no lock file left beside it."""
+    frame = pl.DataFrame({"user_id": [1], "item_id": [2]})
+    first = PartitionedOutput(tmp_path / "recs", formats=["parquet"], job={"model": "a"})
+    first.write(0, frame)
+    with pytest.raises(FileExistsError, match=r"recs is being written by a scoring job .*process"):
+        PartitionedOutput(tmp_path / "recs", formats=["parquet"], job=other_job)
+    first.commit()  # (which lets the path go)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recs"]
+    again = PartitionedOutput(tmp_path / "recs", formats=["parquet"], job={"model": "a"})
+    assert again.complete
+    again.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recs"]
