@@ -64,6 +64,34 @@ def checkpoint_extra(
     }
 
 
+def encoder_target(encoder: nn.Module) -> str:
+    """The class name a checkpoint records for ``encoder`` (``module.QualifiedName``)."""
+    return f"{type(encoder).__module__}.{type(encoder).__qualname__}"
+
+
+def check_loadable(encoder: nn.Module) -> None:
+    """Refuse an encoder whose checkpoint could not be loaded: its class outside
+    :data:`ALLOWED_PACKAGE`, or not importable by that name (defined inside a function). Called
+    when the model is built, so such an encoder is refused before training, not once it has
+    trained and evaluation loads its checkpoint."""
+    target = encoder_target(encoder)
+    try:
+        loadable = _encoder_class(target) is type(encoder)
+    except ValueError as err:
+        raise TypeError(
+            f"{err}: move {type(encoder).__name__} into a module under recsys/model/ "
+            "(the README's 'Adding an encoder'), or its checkpoint cannot be evaluated, "
+            "scored or exported"
+        ) from None
+    except (ImportError, AttributeError):
+        loadable = False
+    if not loadable:
+        raise TypeError(
+            f"encoder class {target!r} cannot be imported by that name, so its checkpoint "
+            "could not be loaded: define it at the top level of a module under recsys/model/"
+        )
+
+
 def _encoder_class(target: str) -> type[nn.Module]:
     if not target.startswith(ALLOWED_PACKAGE):
         raise ValueError(

@@ -27,6 +27,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from recsys.checkpoint import (
     CHECKPOINT_KEY,
     LoadedModel,
+    check_loadable,
     checkpoint_extra,
     load_checkpoint,
     set_transition_prior_weight,
@@ -148,7 +149,8 @@ def _encoder(cfg: DictConfig, **sizes: int) -> torch.nn.Module:
     takes (by name, or all with ``**kwargs``): an encoder that reads no behaviours need not
     declare ``num_behaviors``. Checked against the encoder interface
     (:func:`recsys.model.interface.check_encoder`), so that a member an encoder lacks is named
-    here, before the data is prepared, not by an AttributeError after training."""
+    here, before the data is prepared, not by an AttributeError after training; so is a class
+    that a checkpoint could not name (:func:`recsys.checkpoint.check_loadable`)."""
     try:
         parameters = list(inspect.signature(get_class(cfg.model._target_)).parameters.values())
     except Exception:  # a bad _target_: instantiate below says what is wrong
@@ -168,6 +170,7 @@ def _encoder(cfg: DictConfig, **sizes: int) -> torch.nn.Module:
             f"data.max_seq_len or the model's width ({err.__cause__})"
         ) from err.__cause__
     check_encoder(encoder)
+    check_loadable(encoder)
     return encoder
 
 
@@ -455,9 +458,15 @@ def naming_keys(group: str, settings: DictConfig) -> Iterator[None]:
         cause = err if isinstance(err, (ValueError, TypeError)) else err.__cause__
         unknown = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
         if isinstance(cause, TypeError) and unknown and unknown[1] in settings:
+            hint = ""
+            if group == "model":  # an experiment overlay sets keys of the encoders it was made for
+                hint = (
+                    f"; an experiment= overlay (conf/experiment/) may have set it: give the "
+                    f"constructor that argument, or add ~model.{unknown[1]} to the command"
+                )
             raise ValueError(
                 f"{group}.{unknown[1]} is not an option of {settings.get('_target_')}: check "
-                f"its spelling, or drop it (the options: conf/{group}/)"
+                f"its spelling, or drop it (the options: conf/{group}/){hint}"
             ) from cause
         if not isinstance(cause, ValueError):
             raise
