@@ -4,7 +4,7 @@ the encoders whose item keys are their input item table (SASRec, GRU4Rec).
 
 An encoder is a plain ``nn.Module`` under :mod:`recsys.model` (checkpoints load classes from
 there only) whose constructor takes keyword arguments; ``conf/model/<name>.yaml`` names it with
-``_target_``. The data sizes are injected at build time (``recsys.tasks.train.build_encoder``):
+``_target_``. The data sizes are injected at build time (``recsys.tasks.train._encoder``):
 ``num_items`` and ``max_seq_len`` always, ``num_attributes``, ``item_attribute_width``,
 ``num_behaviors`` and ``num_time_buckets`` only to a constructor that takes them (by name or
 ``**kwargs``). An encoder whose ``config`` holds ``num_time_buckets`` is taken to read time
