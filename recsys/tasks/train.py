@@ -9,6 +9,7 @@ import pickle
 import re
 import shutil
 import signal
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -1107,10 +1108,20 @@ def _run(
                 StopOnDivergence(divergence_settings(cfg)),
             ],
         )
+        ctrl_c = signal.getsignal(signal.SIGINT)  # Lightning leaves Ctrl-C ignored after one
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
         except SIGTERMException as err:  # Lightning's SystemExit() would end the job with 0
             raise SystemExit(128 + signal.SIGTERM) from err  # a scheduler must see the kill
+        except SystemExit as err:
+            if not trainer.interrupted:
+                raise
+            # Lightning ends a Ctrl-C with sys.exit(1), which the log and a scheduler would
+            # read as the job's own failure: an interrupt, as anywhere else in the job (exit 130)
+            raise KeyboardInterrupt("interrupted (Ctrl-C) while training") from err
+        finally:
+            if ctrl_c is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, ctrl_c)
 
         checkpoint_cb = callbacks.get("model_checkpoint")  # the best one (last_checkpoint: latest)
         if checkpoint_cb is None or not checkpoint_cb.best_model_path:

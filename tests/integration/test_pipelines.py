@@ -897,6 +897,26 @@ def test_a_training_killed_by_sigterm_exits_non_zero(make_config, monkeypatch):
     assert info.value.code == 143
 
 
+def test_a_training_interrupted_by_ctrl_c_is_an_interrupt_and_ctrl_c_works_again(
+    make_config, monkeypatch
+):
+    """Lightning turns a Ctrl-C in fit into sys.exit(1) and leaves SIGINT ignored: the job
+    logged "SystemExit: 1" (a failure of its own, exit status 1), and a notebook's next
+    Ctrl-C did nothing. It is a KeyboardInterrupt (exit status 130), and Ctrl-C is restored."""
+    import signal
+
+    from recsys.training.module import SeqRecModule
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SeqRecModule, "training_step", interrupted)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt, match="while training"):
+        train.run(make_config("config", [*TINY, "logger=none"]))
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_training_into_a_run_folder_that_holds_a_training_is_refused_before_any_work(
     make_config, monkeypatch
 ):
