@@ -105,6 +105,7 @@ from recsys.schema import (
     CATEGORY,
     EVENT_TYPE,
     ITEM,
+    NUM_RESERVED,
     SESSION,
     TIMESTAMP,
     UNK_IDX,
@@ -510,14 +511,17 @@ def prepare_dataset(
             _raise_if_disk_full(err, stage, name)
             raise
     log.info(
-        "prepared %s: %d users, %d events (%d train), %d items, val/test targets %d/%d -> %s",
+        "prepared %s: %d users, %d events (%d train), %d items (%d in the vocabulary), "
+        "val/test targets %d/%d%s -> %s",
         name,
         stats["users"],
         stats["events"],
         stats["train_events"],
-        stats["num_items"],
+        stats["items"],
+        stats["num_items"] - NUM_RESERVED,  # (num_items counts the reserved PAD/UNK rows)
         stats["val_targets"],
         stats["test_targets"],
+        _unknown_targets_note(stats),
         out_dir,
     )
     return stats, vocab
@@ -1067,6 +1071,13 @@ def _row_hash(columns: list[str]) -> pl.Expr:
 
 def _frame_digest(frame: pl.DataFrame) -> int:
     return int(np.sum(frame.hash_rows(seed=0).to_numpy(), dtype=np.uint64))
+
+
+def _unknown_targets_note(stats: dict) -> str:
+    """`` (+51/138 of items outside the vocabulary)``: the targets the val/test counts leave
+    out (their item is not in the vocabulary), so that the counts add up to the split's."""
+    val, test = stats["val_targets_unknown_item"], stats["test_targets_unknown_item"]
+    return f" (+{val}/{test} of items outside the vocabulary)" if val or test else ""
 
 
 def _fingerprint(

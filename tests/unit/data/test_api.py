@@ -227,3 +227,23 @@ def test_a_handle_of_a_folder_prepared_again_refuses_to_read_it(log, tmp_path):
     assert second.events()["item_id"].null_count() < second.events().height
     again = rd.prepare(log, tmp_path / "q", **OPTIONS)  # the same data again: the same folder
     assert_frame_equal(rd.prepare(log, tmp_path / "q", **OPTIONS).events(), again.events())
+
+
+def test_the_prepared_line_counts_items_as_the_scoring_line_does(tmp_path, caplog):
+    """The log line names the log's distinct items and the vocabulary's (without its reserved
+    PAD/UNK rows, which ``num_items`` counts), the numbers scoring's "N of M item ids of the
+    log are in the model's vocabulary" uses, and the targets of items outside it."""
+    log = pl.DataFrame(
+        {
+            "user_id": [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3],
+            "item_id": ["a", "b", "a", "c", "b", "a", "b", "d", "a", "b", "a", "b"],
+            "timestamp": [1_700_000_000 + i for i in range(12)],
+            "event_type": ["view"] * 12,
+        }
+    )
+    with caplog.at_level("INFO", logger="recsys.data.pipeline"):
+        ds = rd.prepare(log, tmp_path / "p", split={"method": "leave_one_out"})
+    assert ds.stats["items"] == 4 and ds.stats["num_items"] == 2 + 2  # a, b + PAD, UNK
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("prepared"))
+    assert "4 items (2 in the vocabulary)" in line, line
+    assert "val/test targets 3/1 (+0/2 of items outside the vocabulary)" in line, line
