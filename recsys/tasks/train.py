@@ -11,6 +11,7 @@ import shutil
 import signal
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -969,6 +970,45 @@ def check_trainer_settings(cfg: DictConfig) -> None:
         quiet.setLevel(level)
 
 
+# What Lightning says in every training that does not apply to recsys' (message patterns):
+# - train/* metrics are per-epoch means (SeqRecModule._log_train: on_step=False), so an epoch
+#   of fewer batches than trainer.log_every_n_steps loses no log, whatever Lightning advises;
+# - Lightning's own CombinedLoader builds torch's deprecated LeafSpec (nothing recsys calls);
+# - with data.loader.num_workers=0 (the default: a batch is one vectorised gather, workers
+#   rarely pay off) the "does not have many workers" advice is the opposite of the measured
+#   one; a user who sets workers still gets it.
+LIGHTNING_WARNINGS = (
+    r"The number of training batches \(\d+\) is smaller than the logging interval",
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+)
+WORKERS_WARNING = r"The '\w+' does not have many workers"
+LIGHTNING_TIP = "\N{ELECTRIC LIGHT BULB} Tip:"  # advertisements (litlogger, litmodels)
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(LIGHTNING_TIP)
+
+
+@contextmanager
+def lightning_notices_filtered(*, num_workers: int) -> Iterator[None]:
+    """Around building the Trainer and fitting: Lightning's warnings that do not apply to a
+    recsys training (:data:`LIGHTNING_WARNINGS`, :data:`WORKERS_WARNING` when
+    ``num_workers`` is 0) and its "Tip:" advertisements are dropped; any other warning or
+    line of Lightning's is shown as before."""
+    rank_zero = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    tips = _DropTips()
+    patterns = [*LIGHTNING_WARNINGS, *([WORKERS_WARNING] if num_workers == 0 else [])]
+    rank_zero.addFilter(tips)
+    try:
+        with warnings.catch_warnings():
+            for pattern in patterns:
+                warnings.filterwarnings("ignore", message=pattern)
+            yield
+    finally:
+        rank_zero.removeFilter(tips)
+
+
 @contextmanager
 def _naming_group(option: str) -> Iterator[None]:
     """What a ``_target_`` refuses (Lightning's own words), prefixed by the config key that
@@ -1098,19 +1138,22 @@ def _run(
             for key, callback in callbacks.items()
             if getattr(callback, "monitor", None)
         }
-        trainer = instantiate(
-            cfg.trainer,
-            logger=tracker.lightning_logger() or False,
-            callbacks=[
-                *callbacks.values(),
-                CheckMonitors(monitors),
-                RandomStreams(),
-                StopOnDivergence(divergence_settings(cfg)),
-            ],
-        )
+        workers = datamodule.num_workers
+        with lightning_notices_filtered(num_workers=workers):
+            trainer = instantiate(
+                cfg.trainer,
+                logger=tracker.lightning_logger() or False,
+                callbacks=[
+                    *callbacks.values(),
+                    CheckMonitors(monitors),
+                    RandomStreams(),
+                    StopOnDivergence(divergence_settings(cfg)),
+                ],
+            )
         ctrl_c = signal.getsignal(signal.SIGINT)  # Lightning leaves Ctrl-C ignored after one
         try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+            with lightning_notices_filtered(num_workers=workers):
+                trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
         except SIGTERMException as err:  # Lightning's SystemExit() would end the job with 0
             raise SystemExit(128 + signal.SIGTERM) from err  # a scheduler must see the kill
         except SystemExit as err:
