@@ -254,6 +254,13 @@ def per_target_path(cfg: DictConfig) -> Path | None:
     return path
 
 
+def progress_label(split: str, segment: str, prefix: str) -> str:
+    """The progress bar's words for one evaluation (``test model``, ``test segment
+    popularity baseline``), not the metric-name prefixes (``test popularity_``)."""
+    what = f"{prefix.rstrip('_')} baseline" if prefix else "model"
+    return " ".join(part for part in (split, segment.rstrip("_"), what) if part)
+
+
 def run(
     cfg: DictConfig,
     checkpoint: str | Path | None = None,
@@ -363,7 +370,7 @@ def run(
                     loader,
                     device=device,
                     split=split,
-                    description=f"{split} {segment}{prefix}",
+                    description=progress_label(split, segment, prefix),
                     segment=bool(segment),
                     records=records.get(split) if not segment and not prefix else None,
                 )

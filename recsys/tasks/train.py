@@ -1179,7 +1179,11 @@ def _run(
         best_name = "best/" + str(checkpoint_cb.monitor).replace("/", "_")
         best_val = {} if best_score is None else {best_name: float(best_score)}
         tracker.log_metrics(best_val)
-        log.info("best checkpoint %s (%s)", best, best_val)
+        log.info(
+            "best checkpoint %s (%s)",
+            best,
+            ", ".join(f"{name} {value:.4f}" for name, value in best_val.items()) or "no score",
+        )
         if register:  # (the main job publishes once it has evaluated and scored the model)
             publish_model(cfg, tracker, scoring)
     clock = next((c for c in callbacks.values() if isinstance(c, TrainingClock)), None)
