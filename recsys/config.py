@@ -370,3 +370,35 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
             cfg.paths.run_dir = str(cfg.hydra.run.dir)
         del cfg["hydra"]
     return cfg
+
+
+# Lightning's loggers: at import, with no root handler yet (before Hydra configures the job's
+# logging), Lightning gives them a stderr handler of their own and stops their propagation.
+LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric")
+
+
+class JobLogHasEverything(Callback):
+    """Hydra callback: for the job's duration, Lightning's lines ("GPU available: ...",
+    "Seed set to 42", "`Trainer.fit` stopped: ...") and Python warnings go through the job's
+    logging (console and the run folder's ``run.log``, each line stamped like recsys' own),
+    rather than to stderr only, so that the run log holds what the console showed. Restored
+    when the job ends (a sweep's jobs each set it again)."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._saved = []
+        for name in LIGHTNING_LOGGERS:
+            logger = logging.getLogger(name)
+            own = [h for h in logger.handlers if type(h) is logging.StreamHandler]
+            self._saved.append((logger, own, logger.propagate))
+            for handler in own:
+                logger.removeHandler(handler)
+            logger.propagate = True
+        logging.captureWarnings(True)
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        logging.captureWarnings(False)
+        for logger, own, propagate in getattr(self, "_saved", []):
+            for handler in own:
+                logger.addHandler(handler)
+            logger.propagate = propagate
+        self._saved = []

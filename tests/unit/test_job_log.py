@@ -1,0 +1,34 @@
+"""The job log (run.log) holds Lightning's lines and Python warnings, as the console does:
+Lightning's loggers otherwise write to stderr only (their own handler, no propagation)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from recsys.config import LIGHTNING_LOGGERS, JobLogHasEverything
+
+
+def test_lightning_lines_and_warnings_reach_the_job_log_for_the_job_only(caplog):
+    own = logging.StreamHandler()
+    lightning = logging.getLogger(LIGHTNING_LOGGERS[0])
+    saved = lightning.handlers[:], lightning.propagate
+    lightning.handlers[:] = [own]  # as Lightning sets it up when imported before Hydra's setup
+    lightning.propagate = False
+    callback = JobLogHasEverything()
+    try:
+        callback.on_job_start(config=None)
+        with caplog.at_level(logging.INFO):
+            logging.getLogger("pytorch_lightning.utilities.rank_zero").info("GPU available: no")
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.warn("a third-party warning", UserWarning, stacklevel=1)
+        assert "GPU available: no" in caplog.text
+        assert "a third-party warning" in caplog.text
+        assert own not in lightning.handlers  # not twice on the console
+        callback.on_job_end(config=None, job_return=None)
+        assert lightning.handlers == [own] and lightning.propagate is False
+        assert warnings.showwarning.__module__ == "warnings"  # capture undone
+    finally:
+        logging.captureWarnings(False)
+        lightning.handlers[:], lightning.propagate = saved
