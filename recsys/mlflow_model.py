@@ -13,6 +13,7 @@ message names ``data.bad_rows.<kind>``). recsys' own loader
 from __future__ import annotations
 
 import mlflow
+import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 
@@ -22,7 +23,9 @@ class RecsysModel(PythonModel):
 
         self.model = load_checkpoint(context.artifacts["checkpoint"])
 
-    def predict(self, context, model_input, params=None):
+    # pd.DataFrame: what it takes, and a hint MLflow infers no schema from (the columns are
+    # the user's own; recsys checks them), so it neither validates nor warns for lack of one
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         from recsys.tasks.score import recommend_frame, recommend_kwargs_from_params
 
         kwargs = recommend_kwargs_from_params(params)

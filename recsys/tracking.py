@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import warnings
 import weakref
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -28,6 +29,8 @@ except ImportError:  # (Windows: no advisory locks; see store_lock)
     fcntl = None
 
 log = logging.getLogger(__name__)
+# (MLflow colours it: an escape sequence comes first)
+MLFLOW_INPUT_EXAMPLE_ADVICE = r".*An input example was not provided when logging the model"
 
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
 MODEL_ARTIFACT = "model"  # the packaged MLflow model inside a training run
@@ -239,16 +242,24 @@ class Tracker:
         code = Path(__file__).with_name("mlflow_model.py")
         with tempfile.TemporaryDirectory(prefix="recsys-model-") as tmp:
             folder = Path(tmp) / MODEL_ARTIFACT
-            mlflow.pyfunc.save_model(
-                str(folder),
-                python_model=str(code),
-                artifacts={"checkpoint": str(checkpoint)},
-                # recsys travels with the model (code/recsys, first on sys.path when loaded):
-                # "recsys" on PyPI is another project, so it is never a requirement
-                code_paths=[str(Path(__file__).parent)],
-                pip_requirements=model_requirements(),
-                signature=ModelSignature(inputs=None, outputs=None, params=params),
-            )
+            with warnings.catch_warnings():
+                # MLflow's advice for a model whose input it can describe; recsys' takes an
+                # event log with the user's own columns, so its signature holds the params
+                # only and recsys checks the input when scoring (predict's type hint:
+                # mlflow_model.py)
+                warnings.filterwarnings(
+                    "ignore", message=MLFLOW_INPUT_EXAMPLE_ADVICE, category=UserWarning
+                )
+                mlflow.pyfunc.save_model(
+                    str(folder),
+                    python_model=str(code),
+                    artifacts={"checkpoint": str(checkpoint)},
+                    # recsys travels with the model (code/recsys, first on sys.path when loaded):
+                    # "recsys" on PyPI is another project, so it is never a requirement
+                    code_paths=[str(Path(__file__).parent)],
+                    pip_requirements=model_requirements(),
+                    signature=ModelSignature(inputs=None, outputs=None, params=params),
+                )
             self.log_artifact(folder, MODEL_ARTIFACT)
         return f"runs:/{self.run_id}/{MODEL_ARTIFACT}"
 

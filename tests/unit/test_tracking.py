@@ -300,6 +300,34 @@ def test_a_packaged_model_carries_recsys_and_never_requires_the_pypi_project(tmp
     assert done.stdout.split()[-1] == "LoadedModel"
 
 
+def test_packaging_a_model_shows_none_of_mlflows_advice_on_describing_its_input(
+    tmp_path, monkeypatch
+):
+    """recsys' model takes an event log with the user's own columns: MLflow's advice to add
+    type hints to ``predict`` (its hint is pd.DataFrame, which MLflow infers nothing from) and
+    an input example does not apply, and is not shown; the filter is undone afterwards."""
+    import warnings
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = Tracker(
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        experiment_name="e",
+        artifact_root=str(tmp_path / "art"),
+    )
+    checkpoint = _tiny_checkpoint(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker.log_model(checkpoint)
+        advice = "An input example was not provided when logging the model"
+        warnings.warn(advice, UserWarning, stacklevel=1)
+    tracker.finish()
+    shown = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert not [m for m in shown if "type hints" in m], shown
+    assert [m for m in shown if "input example" in m] == [
+        "An input example was not provided when logging the model"
+    ], shown
+
+
 def _tiny_checkpoint(tmp_path):
     """A scoring checkpoint of an untrained SASRec with a three-item vocabulary."""
     import torch
