@@ -57,6 +57,7 @@ from recsys.tasks import prepare
 from recsys.tracking import Tracker, check_registry, flatten, load_model, use_tracker
 from recsys.training.callbacks import (
     CheckMonitors,
+    EpochLog,
     RandomStreams,
     StopOnDivergence,
     TrainingClock,
@@ -1145,6 +1146,7 @@ def _run(
                 logger=tracker.lightning_logger() or False,
                 callbacks=[
                     *callbacks.values(),
+                    EpochLog(callbacks.get("model_checkpoint")),
                     CheckMonitors(monitors),
                     RandomStreams(),
                     StopOnDivergence(divergence_settings(cfg)),

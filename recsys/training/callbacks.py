@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import EMAWeightAveraging
+from pytorch_lightning.callbacks import EarlyStopping, EMAWeightAveraging, ModelCheckpoint
 
 from recsys.training.metrics import MeanAccumulator
 
@@ -89,6 +89,58 @@ class TrainingClock(pl.Callback):
             }
         )
         self.history.append({**entry, **self._curve})
+
+
+class EpochLog(pl.Callback):
+    """One log line per finished epoch (``run.log`` has no progress bar): its training loss
+    and the validation metric that selects the checkpoint, with the best so far (the
+    checkpoint callback's, so a resumed training counts its earlier epochs); and, when the
+    training ends before ``trainer.max_epochs``, why. Each epoch's line is written when the
+    next starts or training ends, as its training loss is final then."""
+
+    def __init__(self, checkpoint: ModelCheckpoint | None = None) -> None:
+        self.checkpoint = checkpoint
+        self._reported = 0  # epochs finished and logged
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._report(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._report(trainer)
+        stopping = [
+            c for c in trainer.callbacks if isinstance(c, EarlyStopping) and c.stopped_epoch > 0
+        ]
+        for callback in stopping:
+            log.info(
+                "early stopping after epoch %d: %s did not improve for %d epoch(s) "
+                "(callbacks.early_stopping.patience)",
+                callback.stopped_epoch + 1,
+                callback.monitor,
+                callback.patience,
+            )
+        if not stopping and 0 < trainer.current_epoch < (trainer.max_epochs or 0):
+            log.info(
+                "training stopped after %d of trainer.max_epochs=%d epochs (trainer.max_time "
+                "or trainer.max_steps)",
+                trainer.current_epoch,
+                trainer.max_epochs,
+            )
+
+    def _report(self, trainer: pl.Trainer) -> None:
+        finished = trainer.current_epoch  # (epochs completed so far)
+        metrics = trainer.callback_metrics
+        if finished <= self._reported or not metrics:
+            return
+        self._reported = finished
+        parts = [f"epoch {finished}/{trainer.max_epochs}"]
+        if "train/loss" in metrics:
+            parts.append(f"train/loss {float(metrics['train/loss']):.4f}")
+        monitor = self.checkpoint.monitor if self.checkpoint is not None else None
+        if monitor in metrics:
+            best = self.checkpoint.best_model_score
+            shown = "" if best is None else f" (best {float(best):.4f})"
+            parts.append(f"{monitor} {float(metrics[monitor]):.4f}{shown}")
+        log.info(", ".join(parts))
 
 
 class RandomStreams(pl.Callback):

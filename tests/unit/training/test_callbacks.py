@@ -73,3 +73,47 @@ def test_stop_on_divergence_reads_the_epochs_losses_once_and_names_the_settings(
     guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 0)
     with pytest.raises(FloatingPointError, match="training diverged"):
         guard.on_train_epoch_end(trainer, None)
+
+
+def test_epoch_log_gives_each_epoch_once_and_why_training_ended_early(caplog):
+    """run.log has no progress bar: one line per finished epoch (its final training loss, the
+    selecting metric and the best so far), written once, and the reason of an early end."""
+    import logging
+
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    from recsys.training.callbacks import EpochLog
+
+    checkpoint = SimpleNamespace(monitor="val/ndcg_at_10", best_model_score=torch.tensor(0.25))
+    stopping = EarlyStopping(monitor="val/ndcg_at_10", mode="max", patience=2)
+    trainer = SimpleNamespace(
+        current_epoch=0, max_epochs=10, callback_metrics={}, callbacks=[stopping]
+    )
+    callback = EpochLog(checkpoint)
+    with caplog.at_level(logging.INFO, logger="recsys.training.callbacks"):
+        callback.on_train_epoch_start(trainer, None)  # nothing finished yet: no line
+        trainer.current_epoch = 1
+        trainer.callback_metrics = {
+            "train/loss": torch.tensor(4.5),
+            "val/ndcg_at_10": torch.tensor(0.2),
+        }
+        callback.on_train_epoch_start(trainer, None)
+        callback.on_train_epoch_start(trainer, None)  # (the same epoch again: no second line)
+        trainer.current_epoch, stopping.stopped_epoch = 4, 3
+        callback.on_train_end(trainer, None)
+    assert [r.getMessage() for r in caplog.records] == [
+        "epoch 1/10, train/loss 4.5000, val/ndcg_at_10 0.2000 (best 0.2500)",
+        "epoch 4/10, train/loss 4.5000, val/ndcg_at_10 0.2000 (best 0.2500)",
+        "early stopping after epoch 4: val/ndcg_at_10 did not improve for 2 epoch(s) "
+        "(callbacks.early_stopping.patience)",
+    ]
+    caplog.clear()
+    stopping.stopped_epoch = 0  # ended by trainer.max_time: said so
+    trainer.current_epoch = 6
+    with caplog.at_level(logging.INFO, logger="recsys.training.callbacks"):
+        EpochLog(checkpoint).on_train_end(trainer, None)
+    assert (
+        caplog.records[-1]
+        .getMessage()
+        .startswith("training stopped after 6 of trainer.max_epochs=10 epochs")
+    )
