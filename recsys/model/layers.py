@@ -368,6 +368,14 @@ class TransformerBlock(nn.Module):
         if self.filter_mix > 0.0:
             if max_seq_len is None:
                 raise ValueError("filter_mix > 0 needs max_seq_len (the filter's window)")
+            if isinstance(max_seq_len, int) and max_seq_len < 2:
+                # (LowPassFilter's own advice, "a c with c // 2 + 1 below 1", has no answer)
+                raise ValueError(
+                    f"filter_mix={self.filter_mix} needs windows of at least 2 events: a window "
+                    f"of max_seq_len={max_seq_len} has one frequency, which every "
+                    "filter_frequencies keeps, so the low-pass branch would pass it unchanged; "
+                    "set data.max_seq_len >= 2, or filter_mix=0"
+                )
             self.low_pass = LowPassFilter(
                 max_seq_len=max_seq_len,
                 d_model=d_model,

@@ -101,6 +101,11 @@ from recsys.tasks import main, prepare, train
         ("+training.behavior_weights={view:nan}", r"^training.behavior_weights=\{'view': nan\}"),
         ("+training.behavior_weights={view:abc}", r"^training.behavior_weights=\{'view': 'abc'"),
         ("model.ffn_multiplier=nan", r"^model.ffn_multiplier=nan gives a feed-forward width"),
+        # a window of one event has one frequency: no c filters it (the advice was "at most 0")
+        (
+            "model.filter_mix=0.7 data.max_seq_len=1",
+            r"^model.filter_mix=0.7 needs windows of at least 2 events: .* max_seq_len=1 ",
+        ),
         ("+model.dropuot=0.1", r"^model.dropuot is not an option of recsys.model.atrank.ATRank"),
         ("+training.dropuot=0.1", r"^training.dropuot is not an option of recsys.training"),
         # a teacher given as the whole setting: named, not an AttributeError on str.get
