@@ -231,6 +231,23 @@ def _trial_build(cfg: DictConfig) -> None:
         )
         _check_optimisation(module)
     check_time_reference(cfg, encoder, module.objective)
+    check_position_std(encoder)
+
+
+def check_position_std(encoder: torch.nn.Module) -> None:
+    """Refuse ``model.position_std`` on an encoder without a learned position table
+    (``model.positional=sinusoidal`` or ``none``): it scales only that table, so the run would
+    train exactly as with null, the setting silently without effect. Checked on the config, not
+    in the constructor, so checkpoints saved with the combination still load."""
+    config = getattr(encoder, "config", {})
+    positional = config.get("positional", "learned")  # SASRec's positions are always learned
+    std = config.get("position_std")
+    if std is not None and positional != "learned":
+        raise ValueError(
+            f"model.position_std={std} sets the learned position table's std, which "
+            f"model.positional={positional!r} does not have: set model.positional=learned, or "
+            "model.position_std=null"
+        )
 
 
 def _check_optimisation(module: Any) -> None:

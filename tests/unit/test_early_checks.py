@@ -101,6 +101,12 @@ from recsys.tasks import main, prepare, train
         ("+training.behavior_weights={view:nan}", r"^training.behavior_weights=\{'view': nan\}"),
         ("+training.behavior_weights={view:abc}", r"^training.behavior_weights=\{'view': 'abc'"),
         ("model.ffn_multiplier=nan", r"^model.ffn_multiplier=nan gives a feed-forward width"),
+        # settings of the learned position table, trained without effect on another encoding
+        ("model.position_std=0.02", r"^model.position_std=0.02 sets the learned position table"),
+        (
+            "model=atrank_faithful model.position_std=0.02",
+            r"^model.position_std=0.02 .* model.positional='none'",
+        ),
         # a window of one event has one frequency: no c filters it (the advice was "at most 0")
         (
             "model.filter_mix=0.7 data.max_seq_len=1",
