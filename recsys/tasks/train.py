@@ -231,16 +231,23 @@ def _trial_build(cfg: DictConfig) -> None:
         )
         _check_optimisation(module)
     check_time_reference(cfg, encoder, module.objective)
-    check_position_std(encoder)
+    check_position_settings(encoder)
 
 
-def check_position_std(encoder: torch.nn.Module) -> None:
-    """Refuse ``model.position_std`` on an encoder without a learned position table
-    (``model.positional=sinusoidal`` or ``none``): it scales only that table, so the run would
-    train exactly as with null, the setting silently without effect. Checked on the config, not
-    in the constructor, so checkpoints saved with the combination still load."""
+def check_position_settings(encoder: torch.nn.Module) -> None:
+    """Refuse position settings that the encoder's ``model.positional`` leaves without effect
+    (the run would train exactly as without them): ``model.position_std`` without a learned
+    position table (it scales only that table), ``model.position_origin=first`` without
+    positions (``none``). Checked on the config, not in the constructor, so checkpoints saved
+    with such a combination still load."""
     config = getattr(encoder, "config", {})
     positional = config.get("positional", "learned")  # SASRec's positions are always learned
+    if positional == "none" and config.get("position_origin", "last") != "last":
+        raise ValueError(
+            f"model.position_origin={config['position_origin']!r} sets where positions count "
+            "from, and model.positional='none' adds no positions: set model.positional="
+            "sinusoidal or learned, or leave model.position_origin=last"
+        )
     std = config.get("position_std")
     if std is not None and positional != "learned":
         raise ValueError(

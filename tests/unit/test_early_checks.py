@@ -107,6 +107,10 @@ from recsys.tasks import main, prepare, train
             "model=atrank_faithful model.position_std=0.02",
             r"^model.position_std=0.02 .* model.positional='none'",
         ),
+        (
+            "model=atrank_faithful model.position_origin=first",
+            r"^model.position_origin='first' sets where positions count from, .*'none'",
+        ),
         # a window of one event has one frequency: no c filters it (the advice was "at most 0")
         (
             "model.filter_mix=0.7 data.max_seq_len=1",
