@@ -167,14 +167,6 @@ def kcore_members(
     )
 
 
-def filter_min_user_events(lf: pl.LazyFrame, *, min_events: int) -> pl.LazyFrame:
-    """Keep users with at least ``min_events`` events: the k-core when items have no
-    threshold, computed per user without a pass over the whole log."""
-    if min_events <= 1:
-        return lf
-    return lf.filter(user_has_min_events(min_events))
-
-
 def user_has_min_events(min_events: int) -> pl.Expr:
     """True for the events of users with at least ``min_events`` events."""
     return pl.len().over(USER) >= min_events
