@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 BEHAVIORS = ("view", "click", "cart", "purchase")
-PAD, UNK = 0, 1  # reserved indices of every vocabulary; real entries start at 2
+UNK = 1  # index 0 is PAD, 1 is UNK in every vocabulary; real entries start at 2
 EPOCH = pd.Timestamp(0, tz="UTC")
 
 SEQUENCES_SCHEMA = pa.schema(
