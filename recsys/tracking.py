@@ -158,7 +158,7 @@ class Tracker:
         class _Logger(MLFlowLogger):
             def log_hyperparams(self, params) -> None:
                 # The module's hyperparameters are training.* settings, which the job logs with
-                # the whole config (train.log_config): as ~30 unprefixed params they were
+                # the whole config (train.log_config_params): as ~30 unprefixed params they were
                 # copies, and "rerank_top_n" read as retrieval.rerank_top_n's.
                 pass
 
