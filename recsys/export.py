@@ -17,7 +17,7 @@ Serving contract. An export folder holds:
   - ``query_time_bucket``: (B, T) int64, the time-gap bucket from each position's event to the
     moment *its* prediction is for, i.e. to the next event, and at the last position (the
     query served) to the moment of the recommendation (0 = unknown, the same as passing None).
-    Scoring's own inputs (:meth:`recsys.data.sequences.SequenceStore.gather`) are built so.
+    Scoring's own inputs (:meth:`recsys.data.dataset.SequenceStore.gather`) are built so.
 
   A user's events are ordered by time, ties in their order in the log; an exact repeat of an
   event (same user, item, behaviour and time) is dropped under the default
