@@ -26,12 +26,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks, output paths are not guarded
-    fcntl = None
-
 import polars as pl
+
+from recsys import locks
 
 log = logging.getLogger(__name__)
 
@@ -120,33 +117,16 @@ class PartitionedOutput:
         writing the same path meanwhile would discard or rename this one's staging folder
         under it, and fail deep inside with a bare FileNotFoundError. It is refused at once,
         naming the job that holds the path."""
-        if fcntl is None:
-            return
         lock = self.path.parent / f".{self.path.name}.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 100).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                raise FileExistsError(
-                    f"retrieval.output.path={self.path} is being written by a scoring job "
-                    f"running now ({holder}): wait for it to end (the same job run again then "
-                    "finds its output complete), or give this job another retrieval.output.path"
-                ) from None
-            try:  # the file a releasing job unlinked meanwhile is no lock: take the new one
-                held, named = os.fstat(fd), os.stat(lock)
-                same = (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"process {os.getpid()} on {os.uname().nodename}".encode())
-        self._lock_fd = fd
+        self._lock_fd = locks.hold(
+            lock,
+            lambda holder: (
+                f"retrieval.output.path={self.path} is being written by a scoring job running "
+                f"now ({holder}): wait for it to end (the same job run again then finds its "
+                "output complete), or give this job another retrieval.output.path"
+            ),
+        )
 
     def release(self) -> None:
         """Let other jobs write the path (after :meth:`commit`, or when the job failed); the

@@ -26,6 +26,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from recsys import locks
 from recsys.checkpoint import (
     CHECKPOINT_KEY,
     LoadedModel,
@@ -65,11 +66,6 @@ from recsys.training.callbacks import (
 from recsys.training.evaluation import pick_device
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import same_target_partners
-
-try:
-    import fcntl
-except ImportError:  # (Windows: no advisory locks; the run folder is not held)
-    fcntl = None
 
 log = logging.getLogger(__name__)
 
@@ -790,25 +786,19 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
     training's files; this sees a running one. Re-entrant within a process (the main job holds
     the folder around its training); the lock goes with the process, however it ends."""
     run_dir = Path(cfg.paths.run_dir).resolve()
-    if run_dir in _HELD or fcntl is None:
+    if run_dir in _HELD or not locks.AVAILABLE:
         yield
         return
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir / LOCK_FILE
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 100).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise FileExistsError(
+    fd = locks.hold(
+        run_dir / LOCK_FILE,
+        lambda holder: (
             f"paths.run_dir={run_dir} is in use by a job running now ({holder}): wait for it "
             "to end (then resume=last continues it), or train into another folder (a new "
             "paths.run_dir=..., or none: each job then gets its own)"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"process {os.getpid()} on {os.uname().nodename}".encode())
+        ),
+    )
     _HELD.add(run_dir)
     try:
         yield

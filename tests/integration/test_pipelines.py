@@ -1087,10 +1087,10 @@ def test_attribute_loss_trains_and_evaluates_beside_the_baselines(make_config):
 def test_gru4rec_trains_evaluates_scores_and_exports(make_config, tmp_path):
     """model=gru4rec through the main job (prepare -> train -> evaluate -> score, with
     explanations) and the serving export of its checkpoint, which scores as the model does."""
-    import torch
+
+    from unit.test_export import assert_served_like_trained  # tests/ is on the pythonpath
 
     from recsys.checkpoint import load_checkpoint
-    from recsys.export import export_model, load_exported
 
     cfg = make_config("config", [*TINY, "logger=none", "trainer.max_epochs=1", "model=gru4rec"])
     result = main.run(cfg)
@@ -1100,12 +1100,7 @@ def test_gru4rec_trains_evaluates_scores_and_exports(make_config, tmp_path):
     assert recs["score"].is_finite().all()
     model = load_checkpoint(result.checkpoint)
     assert type(model.encoder).__name__ == "GRU4Rec"
-    served = load_exported(export_model(model, tmp_path / "served")["metadata"].parent)
-    item = torch.tensor([[0, 0, 2, 3, 4], [5, 6, 7, 8, 9]])
-    zeros, mask = torch.zeros_like(item), item != 0
-    with torch.no_grad():
-        expected = model.encoder.score_items(model.encoder(item, zeros, zeros, mask).query)
-    torch.testing.assert_close(served.score(item, zeros, zeros, mask), expected)
+    assert_served_like_trained(model, tmp_path / "served")
 
 
 def test_faithful_preset_trains_on_every_prefix(make_config, tmp_path):

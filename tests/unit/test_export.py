@@ -143,6 +143,16 @@ def assert_same_scores(got: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
+def assert_served_like_trained(model, folder: Path) -> None:
+    """A trained checkpoint's model, exported into ``folder`` and loaded back, scores two
+    small histories as the Python model does."""
+    served = load_exported(export_model(model, folder)["metadata"].parent)
+    item = torch.tensor([[0, 0, 2, 3, 4], [5, 6, 7, 8, 9]])
+    zeros, mask = torch.zeros_like(item), item != 0
+    expected = python_scores(model.encoder, item, zeros, zeros, mask)
+    torch.testing.assert_close(served.score(item, zeros, zeros, mask), expected)
+
+
 @pytest.fixture(scope="module", params=ENCODERS)
 def exported(request, tmp_path_factory):
     encoder = make_encoder(request.param)

@@ -100,8 +100,9 @@ class Outside(MeanLastK):
 def test_the_main_job_trains_evaluates_scores_exports_and_warm_starts(
     make_config, example, tmp_path
 ) -> None:
+    from unit.test_export import assert_served_like_trained  # tests/ is on the pythonpath
+
     from recsys.checkpoint import load_checkpoint
-    from recsys.export import export_model, load_exported
 
     # tiny's training.rerank_top_n=20 also runs the generic two-stage path
     overrides = [example, *TINY, "~model.num_layers"]
@@ -109,12 +110,7 @@ def test_the_main_job_trains_evaluates_scores_exports_and_warm_starts(
     assert result.metrics["test/ndcg_at_10"] >= 0
     model = load_checkpoint(result.checkpoint)
     assert type(model.encoder) is MeanLastK
-    served = load_exported(export_model(model, tmp_path / "served")["metadata"].parent)
-    item = torch.tensor([[0, 0, 2, 3, 4], [5, 6, 7, 8, 9]])
-    zeros, mask = torch.zeros_like(item), item != 0
-    with torch.no_grad():
-        expected = model.encoder.score_items(model.encoder(item, zeros, zeros, mask).query)
-    torch.testing.assert_close(served.score(item, zeros, zeros, mask), expected)
+    assert_served_like_trained(model, tmp_path / "served")
     # init_from a model of another log: TiedItemScores' VOCABULARY_ROWS carry items by id
     again = [*overrides, f"paths.run_dir={tmp_path / 'again'}", "data.min_item_events=30"]
     warm = train.run(make_config("config", [*again, f"init_from={result.checkpoint}"]))
