@@ -288,7 +288,6 @@ def real_part(batch, b: int, *, train: bool) -> dict:
 
 # -- one case --------------------------------------------------------------------------------
 def run_case(seed: int, root: Path) -> str:
-    logging.disable(logging.WARNING)
     case = make_case(seed)
     ora = oracle(case)
     frame = pl.DataFrame(case["rows"])
@@ -484,4 +483,7 @@ def test_fuzz_batches(seed, tmp_path):
 
 
 if __name__ == "__main__":
+    # (quiet for a long run from the command line; under pytest, logging stays as it is: a
+    # process-wide disable here had silenced every later test's INFO and WARNING records)
+    logging.disable(logging.WARNING)
     run_seeds(run_case, int(sys.argv[1]), int(sys.argv[2]))

@@ -25,17 +25,12 @@ class _Lines(logging.Handler):
 
 @pytest.fixture
 def lightning_lines():
-    """What Lightning logs at INFO and above (its logger does not propagate to caplog's root
-    handler; its level is set here, as earlier tests' logging setup may have left it NOTSET
-    under a WARNING root)."""
+    """What Lightning logs (its logger does not propagate to caplog's root handler)."""
     handler = _Lines()
     logger = logging.getLogger("pytorch_lightning")
-    level = logger.level
-    logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     yield handler.lines
     logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def test_only_the_named_warnings_are_dropped():
