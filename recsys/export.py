@@ -84,7 +84,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from recsys.checkpoint import LoadedModel
+from recsys.checkpoint import LoadedModel, encoder_target
 from recsys.model.transition import TransitionPrior
 from recsys.schema import NUM_RESERVED, PAD_IDX
 
@@ -482,7 +482,7 @@ def _metadata(
     return {
         "format_version": FORMAT_VERSION,
         "torch_version": torch.__version__,
-        "encoder_class": f"{type(encoder).__module__}.{type(encoder).__qualname__}",
+        "encoder_class": encoder_target(encoder),
         "encoder_config": config,
         "device": "cpu",
         "dtype": "float32",

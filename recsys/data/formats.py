@@ -142,6 +142,19 @@ def _reject_non_text(path: Path, head: bytes, what: str, inside_gzip: bool = Fal
         raise DataError(f"{path} is a binary file{where}, not the {what} text file")
 
 
+def _line_ends(path: Path) -> tuple[int, int]:
+    """``(count, offset of the last)`` of a file's line ends (offset -1: none), in one pass."""
+    with open(path, "rb") as f:
+        count, offset, last_nl = 0, 0, -1
+        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
+            n = chunk.count(b"\n")
+            if n:
+                count += n
+                last_nl = offset + chunk.rfind(b"\n")
+            offset += len(chunk)
+    return count, last_nl
+
+
 def _last_line_info(path: Path, data: bytes | None) -> tuple[int, bytes] | None:
     """``(line number, bytes)`` of the last line when the file does not end with a line end."""
     if data is not None:
@@ -152,14 +165,8 @@ def _last_line_info(path: Path, data: bytes | None) -> tuple[int, bytes] | None:
         f.seek(-1, os.SEEK_END)
         if f.read(1) == b"\n":
             return None
-        f.seek(0)
-        count, offset, last_nl = 0, 0, -1
-        for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""):
-            n = chunk.count(b"\n")
-            if n:
-                count += n
-                last_nl = offset + chunk.rfind(b"\n")
-            offset += len(chunk)
+    count, last_nl = _line_ends(path)
+    with open(path, "rb") as f:
         f.seek(last_nl + 1)
         return count, f.read()
 
@@ -184,11 +191,7 @@ def _trailing_blank_rows(src: _Source) -> tuple[int, int] | None:
         blank += 1
     if not blank:
         return None
-    if src.data is not None:
-        count = src.data.count(b"\n")
-    else:
-        with open(src.path, "rb") as f:
-            count = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(_CHUNK_BYTES), b""))
+    count = src.data.count(b"\n") if src.data is not None else _line_ends(src.path)[0]
     rows = count + (0 if tail.endswith(b"\n") else 1)
     return rows, blank
 

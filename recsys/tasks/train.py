@@ -32,6 +32,7 @@ from recsys.checkpoint import (
     LoadedModel,
     check_loadable,
     checkpoint_extra,
+    encoder_target,
     load_checkpoint,
     set_transition_prior_weight,
     write_scoring_checkpoint,
@@ -725,7 +726,7 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
         for k, v in dict(encoder.config).items()
         if saved["encoder_config"].get(k) != v
     }
-    target_name = f"{type(encoder).__module__}.{type(encoder).__qualname__}"
+    target_name = encoder_target(encoder)
     if saved["encoder_target"] != target_name:
         changed["encoder"] = (saved["encoder_target"], target_name)
     if changed:

@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recsys.allocation import cpu_chunk_length, table_chunk_length
-from recsys.checkpoint import CHECKPOINT_KEY
+from recsys.checkpoint import CHECKPOINT_KEY, encoder_target
 from recsys.data.batch import SeqBatch
 from recsys.model.layers import _check_dropout
 from recsys.model.transition import TransitionCounts, TransitionPrior, check_prior_settings
@@ -850,7 +850,7 @@ class SeqRecModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = {
-            "encoder_target": f"{type(self.encoder).__module__}.{type(self.encoder).__qualname__}",
+            "encoder_target": encoder_target(self.encoder),
             "encoder_config": dict(self.encoder.config),
             **self.checkpoint_extra,
         }
