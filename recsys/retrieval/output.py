@@ -117,10 +117,9 @@ class PartitionedOutput:
         writing the same path meanwhile would discard or rename this one's staging folder
         under it, and fail deep inside with a bare FileNotFoundError. It is refused at once,
         naming the job that holds the path."""
-        lock = self.path.parent / f".{self.path.name}.lock"
-        lock.parent.mkdir(parents=True, exist_ok=True)
+        self._lock.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = locks.hold(
-            lock,
+            self._lock,
             lambda holder: (
                 f"retrieval.output.path={self.path} is being written by a scoring job running "
                 f"now ({holder}): wait for it to end (the same job run again then finds its "
@@ -128,12 +127,16 @@ class PartitionedOutput:
             ),
         )
 
+    @property
+    def _lock(self) -> Path:
+        return self.path.parent / f".{self.path.name}.lock"
+
     def release(self) -> None:
         """Let other jobs write the path (after :meth:`commit`, or when the job failed); the
         lock file goes, so nothing is left beside the output. Called again: nothing."""
         if self._lock_fd is None:
             return
-        (self.path.parent / f".{self.path.name}.lock").unlink(missing_ok=True)
+        self._lock.unlink(missing_ok=True)
         os.close(self._lock_fd)
         self._lock_fd = None
 
