@@ -13,7 +13,14 @@
 # 4. the unit tests, where trainer.accelerator=auto now means the GPU (test files that import
 #    mlflow fail to collect where it is absent; the others run).
 # Each step's output goes to LOG_DIR (default: a temporary folder) and a summary to stdout.
+# GPU_CHECK_STEPS picks steps by name (default: all five, in the order above), e.g.
+#   GPU_CHECK_STEPS="gpu_tests main_job_gpu unit_tests" bash benchmarks/gpu_check.sh
 set -uo pipefail
+ALL_STEPS="gpu_tests train_speed main_job_gpu main_job_cpu unit_tests"
+STEPS=" ${GPU_CHECK_STEPS:-$ALL_STEPS} "
+for s in $STEPS; do
+    [[ " $ALL_STEPS " == *" $s "* ]] || { echo "GPU_CHECK_STEPS: unknown step '$s' (steps: $ALL_STEPS)" >&2; exit 2; }
+done
 cd "$(dirname "$0")/.."
 LOG_DIR=${1:-$(mktemp -d)}
 mkdir -p "$LOG_DIR"
@@ -31,6 +38,7 @@ EOF
 step() {  # step NAME TIMEOUT COMMAND...: run, keep the log, print the last lines and the time
     local name=$1 limit=$2
     shift 2
+    [[ $STEPS == *" $name "* ]] || return 0
     local start=$EPOCHREALTIME
     timeout "$limit" "$@" >"$LOG_DIR/$name.log" 2>&1
     local rc=$?
