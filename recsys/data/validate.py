@@ -88,13 +88,15 @@ _FIXES = {
     "log's end, or data.bad_rows.future_timestamp=drop",
     "duplicate": "remove repeated rows upstream, or data.bad_rows.duplicate=drop",
 }
+# chrono's %#z: an offset with or without minutes (+05:30, +0530, or +01 as PostgreSQL writes
+# a timestamptz of a whole-hour zone); %z would refuse the last
 _ISO_FORMATS = (
-    "%Y-%m-%dT%H:%M:%S%.f%z",
-    "%Y-%m-%d %H:%M:%S%.f%z",
+    "%Y-%m-%dT%H:%M:%S%.f%#z",
+    "%Y-%m-%d %H:%M:%S%.f%#z",
     "%Y-%m-%dT%H:%M:%S%.f",
     "%Y-%m-%d %H:%M:%S%.f",
-    "%Y-%m-%dT%H:%M%z",
-    "%Y-%m-%d %H:%M%z",
+    "%Y-%m-%dT%H:%M%#z",
+    "%Y-%m-%d %H:%M%#z",
     "%Y-%m-%dT%H:%M",
     "%Y-%m-%d %H:%M",
     "%Y-%m-%d",
@@ -190,7 +192,7 @@ def timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
     scale = {"s": 1_000_000, "ms": 1_000}[unit]
     if dtype == pl.String:
         # Text holds either numbers (a CSV column where one bad value made everything text)
-        # read in `unit`, or ISO 8601; a trailing "Z" is UTC (chrono's %z wants an offset).
+        # read in `unit`, or ISO 8601; a trailing "Z" is UTC (chrono's %#z wants an offset).
         text = col.str.strip_chars()
         number = text.cast(pl.Float64, strict=False)
         iso = text.str.replace(r"[zZ]$", "+00:00")

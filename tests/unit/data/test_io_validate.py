@@ -702,6 +702,28 @@ def test_iso_strings_with_and_without_offsets(tmp_path):
     ]
 
 
+def test_iso_offsets_of_whole_hours_without_minutes(tmp_path):
+    """PostgreSQL writes a timestamptz as text with an offset of hours alone (``+01``, ``-08``;
+    ``+05:30`` where there are minutes): ISO 8601 allows it, and Python's fromisoformat reads
+    it, so a ``COPY ... TO ... CSV`` export is read, not refused as unparseable."""
+    values = [
+        "2024-03-31 01:30:00+01",  # Berlin before the DST change (CET)
+        "2024-03-31 03:30:00+02",  # Berlin after it (CEST): one hour later, not two
+        "2024-03-31 01:30:00.25-08",
+        "2024-03-31T01:30+05",
+        "2024-03-31 01:30:00+05:30",
+    ]
+    body = "".join(f'1,{i},"{v}",view\n' for i, v in enumerate(values))
+    events = load_events(write(tmp_path, "log.csv", HEADER + body), SCHEMA)
+    assert instants(events) == [
+        utc(2024, 3, 31, 0, 30),
+        utc(2024, 3, 31, 1, 30),
+        datetime(2024, 3, 31, 9, 30, 0, 250_000, tzinfo=UTC),
+        utc(2024, 3, 30, 20, 30),
+        utc(2024, 3, 30, 20),
+    ]
+
+
 def test_polars_datetimes_aware_and_naive():
     naive = pl.DataFrame(
         {USER: [1], ITEM: [1], TIMESTAMP: [datetime(2024, 6, 1, 8)], EVENT_TYPE: ["view"]}
