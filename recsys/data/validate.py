@@ -198,7 +198,7 @@ def timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
         iso = text.str.replace(r"[zZ]$", "+00:00")
         return pl.coalesce(
             [
-                (number * scale).cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE),
+                (number * scale).round().cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE),
                 *(
                     iso.str.to_datetime(fmt, strict=False, time_unit="us", time_zone="UTC")
                     for fmt in _ISO_FORMATS
@@ -212,7 +212,10 @@ def timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
     if dtype == pl.Date:
         return col.cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
     if dtype.is_numeric():
-        return (col.cast(pl.Float64) * scale).cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE)
+        # rounded, not truncated: 1115390794.735 * 1e6 is 1115390794734999.9 in floating point,
+        # and truncation would put the event 1 us before the same instant written as text
+        micros = (col.cast(pl.Float64) * scale).round()
+        return micros.cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE)
     if dtype == pl.Null:
         return pl.lit(None, dtype=TIMESTAMP_DTYPE)
     raise DataError(

@@ -659,6 +659,23 @@ def test_unix_seconds_integer_and_float():
     ]
 
 
+def test_fractional_unix_seconds_are_the_instants_they_write(tmp_path):
+    """1115390794.735 s is 1115390794735000 us: a float product truncated to an integer read it
+    1 us early (1115390794734999), so the same event written as seconds and as ISO text got
+    two instants: no duplicate found, ties ordered by the writing, another fingerprint."""
+    exact = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=1_115_390_794_735_000)
+    iso = exact.isoformat()
+    numbers = write(tmp_path, "numbers.csv", HEADER + "1,1,1115390794.735,view\n")
+    assert instants(load_events(numbers, SCHEMA)) == [exact]
+    mixed = write(tmp_path, "mixed.csv", HEADER + f"1,1,1115390794.735,view\n1,1,{iso},view\n")
+    assert instants(load_events(mixed, SCHEMA)) == [exact, exact]  # one instant, as text too
+    millis = pl.DataFrame(
+        {USER: [1], ITEM: [1], TIMESTAMP: [1115390794735.4], EVENT_TYPE: ["view"]}
+    )
+    schema = EventSchema(columns=NO_CATEGORY, timestamp_unit="ms")
+    assert instants(load_events(millis, schema)) == [exact + timedelta(microseconds=400)]
+
+
 def test_unix_milliseconds(tmp_path):
     path = write(tmp_path, "log.csv", HEADER + "1,1,1700000000123,view\n1,2,1000,view\n")
     events = load_events(path, EventSchema(columns=NO_CATEGORY, timestamp_unit="ms"))
