@@ -1101,9 +1101,12 @@ def _fingerprint(
 
 
 def events_fingerprint(events: pl.DataFrame) -> str:
-    """sha256 of an in-memory event log's content (every row, in order): names a scoring
-    job's input in its MLflow run and in the resume manifest."""
-    payload = [events.height, _frame_digest(events), events.columns]
+    """sha256 of an in-memory event log's content (every row with its position, as
+    :func:`_fingerprint`'s rows): names a scoring job's input in its MLflow run and in the
+    resume manifest. The position is hashed because the digest is a sum of row hashes, blind
+    to order, and order counts: a user's events at one moment keep their input order, so
+    two orders of the same rows can give other histories and other lists."""
+    payload = [events.height, _frame_digest(events.with_row_index(ROW)), events.columns]
     return hashlib.sha256(json.dumps(payload).encode()).hexdigest()
 
 

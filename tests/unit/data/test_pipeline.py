@@ -23,6 +23,7 @@ from recsys.data.pipeline import (
     SEQUENCES_FILE,
     STATS_FILE,
     PrepareSettings,
+    events_fingerprint,
     load_events,
     load_stats,
     prepare_dataset,
@@ -652,6 +653,21 @@ def test_scoring_never_refits_the_vocabulary(fitted):
     assert row[BEHAVIORS] == [2, 5, 2]
     assert vocab.content_hash() == before
     assert 123_456_789 not in vocab.items[ITEM].to_list()
+
+
+def test_scoring_fingerprint_sees_the_input_order_that_orders_ties(fitted):
+    """events_fingerprint names a scoring job's input (its resume manifest, its MLflow tag).
+    Events of one user at one moment keep their input order, so two logs that differ only in
+    that order give other histories: they must not share a fingerprint (the job would have
+    been taken for done, or resumed over the other log's parts)."""
+    events, vocab = fitted
+    tied = events.with_columns(pl.col(TIMESTAMP).dt.truncate("1d"))  # many ties per user
+    reordered = tied.reverse()
+    assert not scoring_sequences(tied, vocab=vocab).equals(
+        scoring_sequences(reordered, vocab=vocab)
+    )
+    assert events_fingerprint(tied) != events_fingerprint(reordered)
+    assert events_fingerprint(tied) == events_fingerprint(tied.clone())
 
 
 def test_scoring_with_as_of_before_every_event_fails_clearly(fitted):
