@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import pickle
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,6 +26,15 @@ from recsys.schema import EventSchema
 
 CHECKPOINT_KEY = "recsys"
 ALLOWED_PACKAGE = "recsys.model."  # checkpoints may only name encoder classes from here
+# what load_checkpoint reads from the recsys entry (the others are optional)
+REQUIRED_KEYS = (
+    "encoder_target",
+    "encoder_config",
+    "vocab",
+    "schema",
+    "time_buckets",
+    "max_seq_len",
+)
 
 
 @dataclass
@@ -110,11 +121,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # the unpickler fails on other files in many ways
-        # torch's own message advises weights_only=False, which would run the file's code
         raise ValueError(
-            f"{path} is not a recsys checkpoint ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:200]}): point model= at a .ckpt file the train task "
-            "wrote (a run's checkpoints/best.ckpt or checkpoints/scoring/model.ckpt), whole"
+            f"{path} is not a recsys checkpoint ({unreadable(path, err)}): point model= at a "
+            ".ckpt file the train task wrote (a run's checkpoints/best.ckpt or "
+            "checkpoints/scoring/model.ckpt), whole"
         ) from err
     if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint:
         raise ValueError(
@@ -122,6 +132,53 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             "use a checkpoint written by the train task"
         )
     meta = checkpoint[CHECKPOINT_KEY]
+    # another version of recsys (a key renamed or added since), or a file damaged inside: the
+    # rebuild would fail on the first missing key or argument with a bare KeyError / TypeError
+    fix = (
+        "it was written by another version of recsys, or is damaged: retrain with this "
+        "version, or load it with the recsys version that trained it"
+    )
+    missing = [k for k in REQUIRED_KEYS if not isinstance(meta, dict) or k not in meta]
+    if not isinstance(checkpoint.get("state_dict"), dict):
+        missing.append("state_dict (the weights)")
+    if missing:
+        raise ValueError(f"{path} cannot be loaded: it lacks {', '.join(missing)}; {fix}")
+    try:
+        return _rebuild(meta, checkpoint["state_dict"], path)
+    except (KeyError, TypeError, ValueError, RuntimeError, ImportError, AttributeError) as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), "")
+        raise ValueError(
+            f"{path} cannot be loaded: its model ({meta.get('encoder_target')!r}) could not be "
+            f"rebuilt from it ({type(err).__name__}: {first.strip()[:300]}); {fix}"
+        ) from err
+
+
+def unreadable(path: Path, err: Exception) -> str:
+    """Why ``torch.load(path, weights_only=True)`` failed, in words that lead to the fix.
+    torch's own messages do not: an empty file's EOFError has none; a text file's advises
+    re-running with ``weights_only=False`` (which would run code a hostile file names) or
+    saving with a zip option; a cut file's speaks of miniz's central directory."""
+    size = path.stat().st_size
+    if size == 0:
+        return "an empty file (0 bytes)"
+    if not zipfile.is_zipfile(path):  # torch.save and Lightning write zip archives
+        return (
+            f"not a torch.save zip archive ({size} bytes): another kind of file, or a "
+            "checkpoint cut short by a copy or write that did not finish"
+        )
+    if isinstance(err, pickle.UnpicklingError) and "weights only" in str(err).lower():
+        found = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line]
+        return (
+            "it holds Python objects other than tensors and plain values"
+            + (f" ({found[0][:200]})" if found else "")
+            + ", which recsys never writes; loading it in full would run code the file "
+            "names, so do that only with a file from a source you trust"
+        )
+    first = next((line for line in str(err).splitlines() if line.strip()), "")
+    return f"{type(err).__name__}: {first.strip()[:200]}"
+
+
+def _rebuild(meta: dict, state_dict: dict, path: Path) -> LoadedModel:
     encoder_class = _encoder_class(meta["encoder_target"])
     # arguments added after a checkpoint was written take the value its code had
     config = {
@@ -130,11 +187,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     }
     encoder = encoder_class(**config)
     prefix = "encoder."
-    state = {
-        k.removeprefix(prefix): v
-        for k, v in checkpoint["state_dict"].items()
-        if k.startswith(prefix)
-    }
+    state = {k.removeprefix(prefix): v for k, v in state_dict.items() if k.startswith(prefix)}
     encoder.load_state_dict(state)
     encoder.eval()
     return LoadedModel(

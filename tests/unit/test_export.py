@@ -437,3 +437,78 @@ def test_a_file_that_is_no_checkpoint_is_named_without_torchs_unsafe_advice(tmp_
         load_checkpoint(path)
     assert "point model= at a .ckpt file the train task wrote" in str(info.value)
     assert "weights_only" not in str(info.value)
+
+
+class _RunsCode:
+    """What a hostile checkpoint holds: an object whose unpickling would call a function."""
+
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"", "an empty file"),
+        (b'{"fingerprint": "abc"}\n', "not a torch.save zip archive"),  # stats.json as model=
+        (_RunsCode(), "would run code"),
+    ],
+    ids=["zero bytes", "json", "hostile pickle"],
+)
+def test_an_empty_text_or_hostile_file_is_named_with_the_reason(tmp_path, content, says):
+    """torch's messages are no guide here: an empty file raised an IndexError from the message
+    itself (EOFError has none), and a text file's excerpt of torch's message ended at "re-run
+    with weights_only set to False", cut before its warning that doing so runs the file's
+    code."""
+    path = tmp_path / "best.ckpt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save({"recsys": content}, path)
+    with pytest.raises(ValueError, match="is not a recsys checkpoint") as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert str(path) in message and says in message
+    assert "point model= at a .ckpt file the train task wrote" in message
+    assert "set to `False`" not in message
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "no vocab",
+        "no time_buckets",
+        "no encoder_target",
+        "entry not a dict",
+        "no state_dict",
+        "other encoder's arguments",
+        "unknown module",
+        "weights of another size",
+    ],
+)
+def test_a_checkpoint_of_another_layout_is_named_not_a_key_error(tmp_path, damage):
+    """A checkpoint written by another version of recsys (a metadata key missing or renamed)
+    or damaged inside is refused naming the file and the fix, not with a bare KeyError or
+    TypeError from deep in the rebuild."""
+    encoder = make_encoder("atrank")
+    path = write_checkpoint(encoder, encoder.config, tmp_path / "model.ckpt")
+    checkpoint = torch.load(path, weights_only=True)
+    meta = checkpoint["recsys"]
+    if damage.startswith("no ") and damage != "no state_dict":
+        del meta[damage.removeprefix("no ")]
+    elif damage == "entry not a dict":
+        checkpoint["recsys"] = "atrank"
+    elif damage == "no state_dict":
+        del checkpoint["state_dict"]
+    elif damage == "other encoder's arguments":
+        meta["encoder_target"] = "recsys.model.sasrec.SASRec"
+    elif damage == "unknown module":
+        meta["encoder_target"] = "recsys.model.removed.OldEncoder"
+    else:
+        name = next(k for k in checkpoint["state_dict"] if k.endswith("weight"))
+        checkpoint["state_dict"][name] = torch.zeros(3)
+    torch.save(checkpoint, path)
+    with pytest.raises(ValueError, match="cannot be loaded") as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value)
+    assert "retrain" in str(info.value)
