@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import pickle
 import re
 import shutil
 import signal
@@ -35,6 +34,7 @@ from recsys.checkpoint import (
     encoder_target,
     load_checkpoint,
     set_transition_prior_weight,
+    unreadable,
     write_scoring_checkpoint,
 )
 from recsys.config import (
@@ -642,9 +642,12 @@ def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:
         raise FileNotFoundError(f"resume={value}: checkpoint {path} does not exist: {fix}")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError) as err:
+    except Exception as err:  # a cut file raises OSError, RuntimeError, ... (see unreadable)
         raise ValueError(
-            f"resume={value}: {path} could not be read as a training checkpoint ({err})"
+            f"resume={value}: {path} could not be read as a training checkpoint "
+            f"({unreadable(path, err)}): continue from another checkpoint of the run "
+            f"(resume={path.with_name('best.ckpt')} continues from its best epoch), or train "
+            "afresh into a new folder (a new hydra.run.dir)"
         ) from err
     saved = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     if saved is None:

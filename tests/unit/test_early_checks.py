@@ -614,3 +614,26 @@ def test_target_attention_over_windows_is_named_as_training_one_target_per_windo
     with caplog.at_level("WARNING", logger="recsys.tasks.train"):
         train.check_settings(make_config("config", ["experiment=tiny", *overrides]))
     assert ("trains the last position of each row only" in caplog.text) == warned
+
+
+@pytest.mark.parametrize("damage", ["cut in half", "empty", "text"])
+def test_a_damaged_last_checkpoint_is_named_before_resuming(make_config, tmp_path, damage):
+    """A last.ckpt cut short (a full disk, a killed copy) raised a bare ``OSError: [Errno 22]
+    Invalid argument`` naming no file; an empty or text one torch's advice to save it with
+    ``_use_new_zipfile_serialization=True``. Both now name the file and what to do."""
+    import torch
+
+    cfg = make_config("config", ["experiment=tiny", "resume=last"])
+    last = Path(cfg.callbacks.last_checkpoint.dirpath) / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    # (torch 2.13 fails on this one cut in half with OSError, on a smaller one RuntimeError)
+    torch.save({"recsys": {}, "state_dict": {"w": torch.zeros(1000), "v": torch.ones(1000)}}, last)
+    whole = last.read_bytes()
+    last.write_bytes(
+        {"cut in half": whole[: len(whole) // 2], "empty": b"", "text": b"x\n"}[damage]
+    )
+    with pytest.raises(ValueError, match="could not be read as a training checkpoint") as info:
+        train.resumed_run_id(cfg)
+    message = str(info.value)
+    assert str(last) in message and "train afresh into a new folder" in message
+    assert "_use_new_zipfile_serialization" not in message
