@@ -1111,10 +1111,23 @@ def events_fingerprint(events: pl.DataFrame) -> str:
 
 
 def load_stats(folder: str | Path) -> dict:
+    """The ``stats.json`` of a prepared folder; a damaged one (left empty or cut short by a full
+    disk, overwritten) is named with the fix, not left to a bare JSONDecodeError."""
     path = Path(folder) / STATS_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the prepare step first")
-    return json.loads(path.read_text())
+    try:
+        stats = json.loads(path.read_text())
+        problem = None if isinstance(stats, dict) else f"holds a {type(stats).__name__}"
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        problem = f"is not JSON ({err})"
+    if problem is not None:
+        raise DataError(
+            f"{path} {problem}, not the statistics of a prepared dataset: the folder is "
+            "damaged; prepare the log again into it (python -m pipelines.prepare "
+            f"data.prepared_dir={path.parent})"
+        )
+    return stats
 
 
 def scoring_events(

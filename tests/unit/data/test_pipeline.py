@@ -869,3 +869,16 @@ def test_preparations_into_one_folder_at_once_each_succeed(tmp_path):
     assert errors == []
     assert [p.name for p in tmp_path.iterdir()] == ["prepared"]
     assert [p.name for p in out.iterdir()] == ["stats.json"]
+
+
+@pytest.mark.parametrize(
+    "content", ["", '{"fingerprint": ', "[1, 2]"], ids=["empty", "cut", "list"]
+)
+def test_a_damaged_stats_file_is_named_with_the_fix(tmp_path, content):
+    """A stats.json left empty or cut short (a full disk) raised a bare JSONDecodeError ("Expecting
+    value: line 1 column 1"), naming no file; one that is not a JSON object an AttributeError
+    further on."""
+    (tmp_path / "stats.json").write_text(content)
+    with pytest.raises(DataError, match="prepare the log again") as info:
+        load_stats(tmp_path)
+    assert str(tmp_path / "stats.json") in str(info.value)
