@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from recsys.data.io import DataError
 from recsys.data.validate import ATTRIBUTE_SEPARATOR, LOCAL, attribute_sets
 from recsys.schema import ATTRIBUTES, ITEM, NUM_RESERVED, PAD_IDX, UNK_IDX
 
@@ -38,6 +39,11 @@ FILES = {
     "items": "items.parquet",
     "attributes": "attributes.parquet",
     "behaviors": "behaviors.parquet",
+}
+_COLUMNS = {  # what Vocab.load reads from each file
+    "items": (ITEM, INDEX, ATTRIBUTE_INDICES, TRAIN_COUNT),
+    "attributes": (ATTRIBUTE, INDEX),
+    "behaviors": (INDEX, BEHAVIOR),
 }
 _KEY = "_attribute_key"
 # integer item ids whose range holds at most this many ids per item are encoded by a gather
@@ -294,11 +300,11 @@ class Vocab:
             raise FileNotFoundError(
                 f"{folder} lacks vocabulary file(s) {missing}: run the prepare step first"
             )
-        behaviors = pl.read_parquet(folder / FILES["behaviors"]).sort(INDEX)[BEHAVIOR]
+        frames = {name: _read_vocab_file(folder / file, name) for name, file in FILES.items()}
         return cls(
-            items=pl.read_parquet(folder / FILES["items"]),
-            attributes=pl.read_parquet(folder / FILES["attributes"]),
-            behaviors=tuple(behaviors.to_list()),
+            items=frames["items"],
+            attributes=frames["attributes"],
+            behaviors=tuple(frames["behaviors"].sort(INDEX)[BEHAVIOR].to_list()),
         )
 
     def to_plain(self) -> dict:
@@ -368,3 +374,23 @@ def _feed(digest, label: str, series: pl.Series) -> None:
     text = series.cast(pl.String).fill_null("")
     digest.update(text.str.len_bytes().to_numpy().astype("<u4").tobytes())
     digest.update(text.str.join("").item().encode())
+
+
+def _read_vocab_file(path: Path, name: str) -> pl.DataFrame:
+    """One vocabulary file of a prepared folder. A file cut short (a full disk, a killed copy)
+    fails in polars with "File out of specification", naming no file, and another table put
+    in its place fails later on a missing column: both are named here with the fix."""
+    try:
+        frame = pl.read_parquet(path)
+    except (pl.exceptions.PolarsError, OSError) as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), "")
+        problem = f"cannot be read as Parquet ({type(err).__name__}: {first.strip()[:200]})"
+    else:
+        absent = [column for column in _COLUMNS[name] if column not in frame.columns]
+        if not absent:
+            return frame
+        problem = f"lacks the column(s) {absent} of the {name} vocabulary"
+    raise DataError(
+        f"{path} {problem}: the prepared folder is damaged; prepare the log again into it "
+        f"(python -m pipelines.prepare data.prepared_dir={path.parent})"
+    )

@@ -324,3 +324,30 @@ def test_load_from_incomplete_folder_says_what_to_run(vocab, tmp_path):
     (tmp_path / FILES["attributes"]).unlink()
     with pytest.raises(FileNotFoundError, match="attributes.parquet.*run the prepare step"):
         Vocab.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("file", "damage"),
+    [
+        ("items.parquet", "cut"),
+        ("behaviors.parquet", "text"),
+        ("attributes.parquet", "another table"),
+    ],
+)
+def test_a_damaged_vocabulary_file_is_named_with_the_fix(tmp_path, file, damage):
+    """A vocabulary file cut short or replaced failed with polars' "File out of specification:
+    The file must end with PAR1", naming no file, or (another table) later with a bare
+    ColumnNotFoundError."""
+    from recsys.data.io import DataError
+
+    Vocab.fit(train_events(ROWS), behaviors=BEHAVIORS).save(tmp_path)
+    path = tmp_path / file
+    if damage == "cut":
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "text":
+        path.write_text("index,behavior\n2,view\n")
+    else:
+        pl.DataFrame({"user_id": ["u1"]}).write_parquet(path)
+    with pytest.raises(DataError, match="prepare the log again") as info:
+        Vocab.load(tmp_path)
+    assert str(path) in str(info.value)
