@@ -84,7 +84,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from recsys.checkpoint import LoadedModel, encoder_target
+from recsys.checkpoint import LoadedModel, encoder_target, unreadable
 from recsys.model.transition import TransitionPrior
 from recsys.schema import NUM_RESERVED, PAD_IDX
 
@@ -329,23 +329,52 @@ def export_model(
 
 
 def load_exported(folder: str | Path) -> ExportedModel:
-    """Read an export folder written by :func:`export_model` (CPU tensors)."""
+    """Read an export folder written by :func:`export_model` (CPU tensors). A file missing, cut
+    short (a copy that did not finish) or replaced is named with the fix, rather than left to
+    torch's miniz messages or a JSONDecodeError that name no file."""
     folder = Path(folder)
     metadata_path = folder / METADATA_FILE
     if not metadata_path.is_file():
         raise FileNotFoundError(
             f"{folder} has no {METADATA_FILE}: pass a folder written by recsys.export.export_model"
         )
-    metadata = json.loads(metadata_path.read_text())
+    redo = "the export folder is damaged or incomplete: export the model again (export_model)"
+    for name in (ENCODER_FILE, ITEM_TABLE_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} does not exist: {redo}")
+    try:
+        metadata = json.loads(metadata_path.read_text())
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{metadata_path} is not JSON ({err}): {redo}") from err
+    if not isinstance(metadata, dict):
+        raise ValueError(
+            f"{metadata_path} holds a {type(metadata).__name__}, not an object: {redo}"
+        )
     version = metadata.get("format_version")
     if version != FORMAT_VERSION:
         raise ValueError(
             f"{metadata_path} has format_version={version!r}; this code reads version "
             f"{FORMAT_VERSION}: re-export the model with this version of recsys"
         )
-    user_encoder = torch.jit.load(str(folder / ENCODER_FILE), map_location="cpu")
+    try:
+        user_encoder = torch.jit.load(str(folder / ENCODER_FILE), map_location="cpu")
+    except Exception as err:  # torch raises RuntimeError, ValueError, ... on a damaged file
+        path = folder / ENCODER_FILE
+        raise ValueError(f"{path} cannot be read ({unreadable(path, err)}): {redo}") from err
     user_encoder.eval()
-    table = torch.load(folder / ITEM_TABLE_FILE, map_location="cpu", weights_only=True)
+    table_path = folder / ITEM_TABLE_FILE
+    try:
+        table = torch.load(table_path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(
+            f"{table_path} cannot be read ({unreadable(table_path, err)}): {redo}"
+        ) from err
+    needed = ["keys", "bias"]
+    if isinstance(metadata.get("transition_prior"), dict):
+        needed += [f"transition_{k}" for k in ("row_start", "next_item", "count")]
+    absent = needed if not isinstance(table, dict) else [k for k in needed if k not in table]
+    if absent:
+        raise ValueError(f"{table_path} lacks {', '.join(absent)} of the item table: {redo}")
     prior = metadata.get("transition_prior")
     if isinstance(prior, dict):
         counts = {k: table[f"transition_{k}"] for k in ("row_start", "next_item", "count")}

@@ -512,3 +512,36 @@ def test_a_checkpoint_of_another_layout_is_named_not_a_key_error(tmp_path, damag
         load_checkpoint(path)
     assert str(path) in str(info.value)
     assert "retrain" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("file", "damage"),
+    [
+        ("export.json", "cut"),
+        ("export.json", "a list"),
+        ("user_encoder.pt", "missing"),
+        ("user_encoder.pt", "cut"),
+        ("item_table.pt", "missing"),
+        ("item_table.pt", "empty"),
+        ("item_table.pt", "a list"),
+    ],
+)
+def test_a_damaged_export_folder_is_named_with_the_fix(tmp_path, file, damage):
+    """A file of an export folder cut short, missing or replaced failed with a bare
+    JSONDecodeError, torch's miniz or EOFError (naming no file), or a TypeError later."""
+    folder = tmp_path / "export"
+    export_model(make_encoder("atrank"), folder)
+    path = folder / file
+    if damage == "missing":
+        path.unlink()
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "cut":
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    elif file.endswith(".json"):
+        path.write_text("[]")
+    else:
+        torch.save([1, 2], path)
+    with pytest.raises((ValueError, FileNotFoundError), match="export_model") as info:
+        load_exported(folder)
+    assert str(path) in str(info.value)
