@@ -456,3 +456,22 @@ def test_a_sweep_jobs_run_is_tagged_with_its_sweep_and_job():
         }
     finally:
         instance.cfg = before
+
+
+def test_a_run_folder_given_as_the_model_names_the_checkpoints_in_it(tmp_path):
+    """model=<a run folder> (or its checkpoints/) was refused as "no such checkpoint file",
+    which sends one looking for a missing folder; it now says it is a folder and names the
+    checkpoint to pass."""
+    from recsys.tracking import resolve_model
+
+    run = tmp_path / "runs" / "2025-03-01"
+    (run / "checkpoints" / "scoring").mkdir(parents=True)
+    for name in ("best.ckpt", "last.ckpt", "scoring/model.ckpt"):
+        (run / "checkpoints" / name).write_bytes(b"")
+    for folder in (run, run / "checkpoints"):
+        with pytest.raises(IsADirectoryError, match="is a folder") as info:
+            resolve_model(str(folder), None)
+        assert f"model={run / 'checkpoints' / 'best.ckpt'}" in str(info.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(IsADirectoryError, match="holds no checkpoint"):
+        resolve_model(str(tmp_path / "empty"), None)
