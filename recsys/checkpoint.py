@@ -113,8 +113,11 @@ def _encoder_class(target: str) -> type[nn.Module]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild the encoder (in eval mode) and its vocabulary from a recsys checkpoint."""
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, option: str = "model"
+) -> LoadedModel:
+    """Rebuild the encoder (in eval mode) and its vocabulary from a recsys checkpoint
+    (messages name ``option``, the key that named the file: ``model``, ``init_from``, ...)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -122,7 +125,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # the unpickler fails on other files in many ways
         raise ValueError(
-            f"{path} is not a recsys checkpoint ({unreadable(path, err)}): point model= at a "
+            f"{path} is not a recsys checkpoint ({unreadable(path, err)}): point {option}= at a "
             ".ckpt file the train task wrote (a run's checkpoints/best.ckpt or "
             "checkpoints/scoring/model.ckpt), whole"
         ) from err

@@ -424,7 +424,7 @@ def load_model(
 ) -> tuple[LoadedModel, dict[str, str]]:
     """``ref`` (see :func:`resolve_model`) -> the loaded model and how it was found (tags)."""
     path, tags = resolve_model(str(ref), logger_cfg, option)
-    model = load_checkpoint(path)
+    model = load_checkpoint(path, option=option)
     done_with(path)
     return model, tags
 

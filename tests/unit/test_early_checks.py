@@ -637,3 +637,19 @@ def test_a_damaged_last_checkpoint_is_named_before_resuming(make_config, tmp_pat
     message = str(info.value)
     assert str(last) in message and "train afresh into a new folder" in message
     assert "_use_new_zipfile_serialization" not in message
+
+
+def test_a_damaged_init_from_checkpoint_names_init_from(make_config, tmp_path, monkeypatch):
+    """A damaged checkpoint named by init_from (or a teacher) said "point model= at ...", a key
+    the train pipeline does not have."""
+
+    def no_preparing(*args, **kwargs):
+        raise AssertionError("the data was prepared before the references were loaded")
+
+    monkeypatch.setattr(prepare, "run", no_preparing)
+    empty = tmp_path / "best.ckpt"
+    empty.write_bytes(b"")
+    cfg = make_config("config", ["experiment=tiny", "logger=none", f"init_from={empty}"])
+    with pytest.raises(ValueError, match="an empty file") as info:
+        train.run(cfg)
+    assert "point init_from= at" in str(info.value) and "model=" not in str(info.value)
