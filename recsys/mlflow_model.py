@@ -26,10 +26,12 @@ class RecsysModel(PythonModel):
     # pd.DataFrame: what it takes, and a hint MLflow infers no schema from (the columns are
     # the user's own; recsys checks them), so it neither validates nor warns for lack of one
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        from recsys.data.io import to_pandas
         from recsys.tasks.score import recommend_frame, recommend_kwargs_from_params
 
         kwargs = recommend_kwargs_from_params(params)
-        return recommend_frame(self.model, model_input, **kwargs).to_pandas()
+        # explanation item ids with nulls as nullable integers: float64 would round big ids
+        return to_pandas(recommend_frame(self.model, model_input, **kwargs))
 
 
 mlflow.models.set_model(RecsysModel())

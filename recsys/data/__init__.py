@@ -25,7 +25,7 @@ import pandas as pd
 import polars as pl
 
 from recsys.data import options as _options
-from recsys.data.io import DataError, EventSource
+from recsys.data.io import DataError, EventSource, to_pandas
 from recsys.data.pipeline import (
     QUARANTINE_FILE,
     SEQUENCES_FILE,
@@ -47,7 +47,7 @@ def _out(frame: pl.DataFrame, backend: Backend) -> pl.DataFrame | pd.DataFrame:
     if backend == "polars":
         return frame
     if backend == "pandas":
-        return frame.to_pandas()
+        return to_pandas(frame)  # integer ids with nulls as nullable integers, not float
     raise ValueError(f"backend={backend!r}: use 'polars' or 'pandas'")
 
 

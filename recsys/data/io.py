@@ -654,6 +654,32 @@ def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFr
     return select_mapped(lf, columns, name=name, option="data.item_columns")
 
 
+# Arrow's integer types -> pandas' nullable integer type of the same width
+NULLABLE_INTEGERS = {
+    pa.int8(): pd.Int8Dtype(),
+    pa.int16(): pd.Int16Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.int64(): pd.Int64Dtype(),
+    pa.uint8(): pd.UInt8Dtype(),
+    pa.uint16(): pd.UInt16Dtype(),
+    pa.uint32(): pd.UInt32Dtype(),
+    pa.uint64(): pd.UInt64Dtype(),
+}
+
+
+def to_pandas(frame: pl.DataFrame) -> pd.DataFrame:
+    """``frame`` as pandas, as polars converts it, but for an integer column that holds a null
+    (an item id outside the vocabulary, a quarantined row's missing user id, an explanation
+    past a short history): pandas' nullable integer type of its width (``Int64``,
+    ``UInt64``), where the default float64 shows ids as ``1041569.0`` and rounds those beyond
+    2**53 (UInt64 ids past 2**63) to other ids. A column without nulls keeps its numpy type."""
+    out = frame.to_pandas()
+    for name, dtype in frame.schema.items():
+        if dtype.is_integer() and frame[name].null_count():
+            out[name] = frame[name].to_pandas(types_mapper=NULLABLE_INTEGERS.get)
+    return out
+
+
 def cast_ids(ids: pl.Series, dtype: pl.DataType) -> pl.Series:
     """``ids`` (e.g. a user list's) in a table's id type ``dtype``, null where a value is not
     one of that type's ids: text that is no number, a number out of range, and a number with

@@ -247,3 +247,31 @@ def test_the_prepared_line_counts_items_as_the_scoring_line_does(tmp_path, caplo
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("prepared"))
     assert "4 items (2 in the vocabulary)" in line, line
     assert "val/test targets 3/1 (+0/2 of items outside the vocabulary)" in line, line
+
+
+def test_pandas_outputs_keep_integer_ids_with_nulls_exact(tmp_path):
+    """An integer column that holds a null (the item id of an event outside the vocabulary, the
+    user id of a quarantined ``null_id`` row) came back as pandas' float64: ids read 23.0, and
+    UInt64 ids beyond 2**53 were rounded to other ids (an audit's finding). They are now pandas'
+    nullable integers of the same width; a column without nulls keeps its numpy type."""
+    big = 2**63 + 3
+    users = [big] * 5 + [big + 1] * 4 + [big + 2] * 4 + [None]
+    items = [0, 1, 0, 1, 3, 0, 1, 0, 1, 1, 0, 1, 0, 0]  # item 3: only a test target (no index)
+    log = pl.DataFrame(
+        {
+            "user_id": pl.Series(users, dtype=pl.UInt64),
+            "item_id": pl.Series([big + i for i in items], dtype=pl.UInt64),
+            "timestamp": [1_700_000_000 + i for i in range(len(users))],
+            "event_type": ["view"] * len(users),
+        }
+    )
+    log = pl.concat([log, log.slice(1, 1)])  # a duplicate of a big id's row: quarantined too
+    ds = rd.prepare(log, tmp_path / "p", split={"method": "leave_one_out"},
+                    bad_rows={"null_id": "drop"})  # fmt: skip
+    events = ds.events(backend="pandas")
+    assert events["item_id"].dtype == "UInt64" and events["item_id"].isna().any()
+    assert events["item_id"].dropna().tolist() == ds.events()["item_id"].drop_nulls().to_list()
+    assert events["user_id"].dtype == "uint64"  # no null: numpy's type, as before
+    quarantine = ds.quarantine(backend="pandas")
+    assert quarantine["user_id"].dtype == "UInt64"
+    assert quarantine["user_id"].dropna().tolist() == [big]  # the duplicate's user, exactly

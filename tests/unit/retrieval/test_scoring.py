@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import polars as pl
 import polars.selectors as cs
 import pytest
@@ -26,7 +27,7 @@ from recsys.retrieval.index import ExactIndex, chunked_topk, mask_items
 from recsys.retrieval.ranker import apply_seen_policy, seen_mask, two_stage
 from recsys.retrieval.rules import cap_per_category, take_first
 from recsys.schema import EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
-from recsys.tasks.score import recommend_frame
+from recsys.tasks.score import recommend_frame, recommend_kwargs_from_params
 
 TOP_K = 5
 
@@ -1077,3 +1078,26 @@ def test_text_ids_that_the_models_integer_ids_would_rewrite_are_named(setup, cap
     with caplog.at_level("WARNING", logger="recsys.tasks.score"):
         assert _score(model, plain, explanations=0).equals(frame)
     assert "change when read" not in caplog.text
+
+
+def test_mlflow_predict_returns_explanation_ids_as_integers_not_floats(setup):
+    """``predict`` (recsys.mlflow_model) returned polars' ``to_pandas()``: an explanation item
+    id column with a null (a history shorter than ``explanations``, a fallback row) became
+    float64, so ids read ``23765.0`` and UInt64 ids beyond 2**53 were rounded to other ids (an
+    audit's finding). They are pandas' nullable integers now, equal to recommend_frame's."""
+    from recsys.mlflow_model import RecsysModel
+
+    model, events = setup
+    newcomer = events.head(1).with_columns(pl.lit(-1).cast(events.schema[USER]).alias(USER))
+    pyfunc = RecsysModel()
+    pyfunc.model = model
+    params = {"top_k": TOP_K, "as_of": "2030-01-01T00:00:00Z"}
+    predicted = pyfunc.predict(None, pl.concat([events, newcomer]).to_pandas(), params=params)
+    expected = recommend_frame(
+        model, pl.concat([events, newcomer]), **recommend_kwargs_from_params(params)
+    )
+    column = "explain_2_item_id"
+    assert expected[column].null_count() > 0  # the newcomer's history is one event
+    assert predicted[column].dtype == "Int64"
+    assert predicted[column].tolist() == [pd.NA if v is None else v for v in expected[column]]
+    assert predicted[USER].dtype == "int64"  # no null: numpy's type
