@@ -476,6 +476,10 @@ def _as_lazy(
                 # an int id column that pandas made float to hold a NaN (one missing id): the
                 # ids as integers again, so that vocabularies and outputs do not read 1041569.0
                 source[column] = source[column].astype("Int64")
+            elif pd.api.types.is_object_dtype(dtype) and _unsigned_64(source[column]):
+                # Python ints past int64 (UInt64 ids from a database driver or JSON): polars'
+                # conversion of an object column overflows on them
+                source[column] = source[column].astype("UInt64")
             elif isinstance(dtype, pd.DatetimeTZDtype):
                 source[column] = source[column].dt.tz_convert(None)  # naive UTC
             elif isinstance(dtype, pd.ArrowDtype) and _fixed_offset(dtype.pyarrow_dtype):
@@ -483,22 +487,45 @@ def _as_lazy(
                 source[column] = source[column].astype(pd.ArrowDtype(utc))
         try:
             return pl.from_pandas(source).lazy()
-        except (pl.exceptions.PolarsError, TypeError, ValueError) as err:
+        except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError) as err:
             mixed = [
                 str(c)
                 for c in source.columns
                 if source[c].dtype == object and source[c].dropna().map(type).nunique() > 1
             ]
-            hint = (
-                f"column(s) {mixed} mix value types (e.g. numbers and strings): cast each to one "
-                "type, e.g. df[col] = df[col].astype(str)"
-                if mixed
-                else "check the column types"
-            )
+            if mixed:
+                hint = (
+                    f"column(s) {mixed} mix value types (e.g. numbers and strings): cast each "
+                    "to one type, e.g. df[col] = df[col].astype(str)"
+                )
+            elif isinstance(err, OverflowError):
+                wide = [
+                    str(c)
+                    for c in source.columns
+                    if source[c].dtype == object
+                    and any(isinstance(v, int) and abs(v) >= 2**63 for v in source[c])
+                ]
+                hint = (
+                    f"column(s) {wide} of type object hold integers beyond Int64 and UInt64: "
+                    "give such ids as text, e.g. df[col] = df[col].astype(str)"
+                )
+            else:
+                hint = "check the column types"
             raise DataError(f"{name} could not be converted to polars: {hint} ({err})") from err
     raise DataError(
         f"cannot read events from {type(source).__name__}: pass a CSV/Parquet path "
         "or a pandas/polars DataFrame"
+    )
+
+
+def _unsigned_64(values: pd.Series) -> bool:
+    """An object column of integers, nulls aside, some beyond int64 and all within uint64."""
+    known = values.dropna()
+    return (
+        len(known) > 0
+        and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in known)
+        and min(known) >= 0
+        and 2**63 <= max(known) < 2**64
     )
 
 

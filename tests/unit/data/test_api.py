@@ -275,3 +275,30 @@ def test_pandas_outputs_keep_integer_ids_with_nulls_exact(tmp_path):
     quarantine = ds.quarantine(backend="pandas")
     assert quarantine["user_id"].dtype == "UInt64"
     assert quarantine["user_id"].dropna().tolist() == [big]  # the duplicate's user, exactly
+
+
+def test_an_object_column_of_integers_beyond_int64_is_read_as_uint64(tmp_path):
+    """UInt64 ids held as Python integers in an object column (as a database driver or JSON
+    gives them) failed in the conversion to polars with a bare ``OverflowError: Python int too
+    large to convert to C long`` (an audit's finding). They are read as UInt64 now, the same
+    dataset as the UInt64 column; an integer beyond UInt64 is refused naming its column."""
+    big = 2**63 + 3
+    users = [big + u for u in (0, 0, 0, 0, 1, 1, 1, 1)]
+    frame = pd.DataFrame(
+        {
+            "user_id": pd.Series(users, dtype="UInt64"),
+            "item_id": [1, 2, 1, 2, 2, 1, 2, 1],
+            "timestamp": [1_700_000_000 + i for i in range(8)],
+            "event_type": ["view"] * 8,
+        }
+    )
+    options = {"split": {"method": "leave_one_out"}}
+    reference = rd.prepare(frame, tmp_path / "uint64", **options)
+    held = frame.astype({"user_id": object})
+    assert type(held["user_id"].iloc[0]) is int
+    ds = rd.prepare(held, tmp_path / "object", **options)
+    assert_frame_equal(ds.sequences(), reference.sequences(), check_exact=True)
+    assert ds.sequences()["user_id"].to_list() == [big, big + 1]
+    held.loc[0, "user_id"] = 2**64
+    with pytest.raises(DataError, match=r"\['user_id'\].*beyond.*UInt64"):
+        rd.prepare(held, tmp_path / "bad", **options)
