@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields
+from numbers import Number
 from typing import Any
 
 from recsys.data.pipeline import DEFAULT_ITEM_COLUMNS, PrepareSettings
@@ -52,17 +53,19 @@ def check_keys(options: Mapping[str, Any], *, allowed: set[str], group: str = "d
         raise ValueError(f"unknown {group} option(s) {sorted(unknown)}; known: {sorted(allowed)}")
 
 
+def _label(column: Any) -> Any:
+    """A column mapping's value as the text polars names that column: a pandas frame's number
+    label (``pd.read_csv(header=None)``'s 0, 1, 2, or ``frame.columns[0]``, numpy's int64) as
+    its text, as :func:`recsys.data.io.scan_events` names a frame's columns."""
+    return str(column) if isinstance(column, Number) and not isinstance(column, bool) else column
+
+
 def event_schema(options: Mapping[str, Any]) -> EventSchema:
     columns = {**DEFAULT_COLUMNS, **dict(options.get("columns") or {})}
     defaults = EventSchema()
     return EventSchema(
-        # unmapped: null or ""; an integer label (a pandas frame read with header=None) as the
-        # text polars names that column
-        columns={
-            k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-            for k, v in columns.items()
-            if v is not None and v != ""
-        },
+        # unmapped: null or ""
+        columns={k: _label(v) for k, v in columns.items() if v is not None and v != ""},
         # absent: the default; null or [] given is refused (not silently the default four)
         behaviors=names("data.behaviors", options.get("behaviors", defaults.behaviors)),
         behavior_aliases=dict(options.get("behavior_aliases") or {}),
@@ -74,7 +77,7 @@ def event_schema(options: Mapping[str, Any]) -> EventSchema:
 def item_columns(options: Mapping[str, Any]) -> dict[str, str | None]:
     given = dict(options.get("item_columns") or {})
     check_keys(given, allowed={*DEFAULT_ITEM_COLUMNS, TIMESTAMP}, group="data.item_columns")
-    return {**DEFAULT_ITEM_COLUMNS, **given}
+    return {**DEFAULT_ITEM_COLUMNS, **{k: _label(v) for k, v in given.items()}}
 
 
 def time_buckets(options: Mapping[str, Any]) -> TimeBuckets:

@@ -302,3 +302,30 @@ def test_an_object_column_of_integers_beyond_int64_is_read_as_uint64(tmp_path):
     held.loc[0, "user_id"] = 2**64
     with pytest.raises(DataError, match=r"\['user_id'\].*beyond.*UInt64"):
         rd.prepare(held, tmp_path / "bad", **options)
+
+
+def test_column_labels_taken_from_the_frame_map_its_columns(log, tmp_path):
+    """A mapping written as ``frame.columns[0]`` is numpy's int64 (a float label numpy's
+    float64), not ``int``: it failed with AttributeError ``'numpy.int64' object has no attribute
+    'strip'``; and ``item_columns`` took no integer label at all (``item_id: 0`` read as "not
+    set", another integer as a missing column) (an audit's finding). Both map by label now."""
+    names = ["user_id", "item_id", "timestamp", "event_type"]
+    frame = log.select(names).to_pandas()
+    frame.columns = [0, 1, 2.5, 3]  # labels of pandas' Index: numpy scalars
+    assert type(frame.columns[0]).__module__ == "numpy"
+    table = log.select("item_id", "category").unique("item_id", maintain_order=True)
+    items = table.to_pandas()
+    items.columns = [0, 1]
+    split = {"method": "leave_one_out"}
+    reference = rd.prepare(log.select(names), tmp_path / "named", items=table,
+                           item_columns={"category": "category"}, split=split)  # fmt: skip
+    ds = rd.prepare(
+        frame,
+        tmp_path / "labels",
+        columns={name: frame.columns[i] for i, name in enumerate(names)},
+        items=items,
+        item_columns={"item_id": items.columns[0], "category": 1},
+        split=split,
+    )
+    assert_frame_equal(ds.sequences(), reference.sequences(), check_exact=True)
+    assert ds.vocab.attributes.height == reference.vocab.attributes.height
