@@ -1028,6 +1028,37 @@ def test_csv_event_types_and_categories_are_read_as_written(tmp_path):
     assert events[ATTRIBUTES].to_list() == [["1.1"], ["1.10"], ["007"]]
 
 
+def test_enum_categories_and_categorical_timestamps_read_as_their_text():
+    """A polars ``Enum`` category (or attribute) column was refused ("column has type Enum:
+    give a list of ids, a string ...") where a ``Categorical`` one is read as its text, and a
+    timestamp column of text held as ``Categorical`` / ``Enum`` (a pandas ``category`` of ISO
+    strings) was refused as no timestamp (an audit's finding). Each reads as its text."""
+    schema = EventSchema(columns={**NO_CATEGORY, CATEGORY: CATEGORY})
+    text = pl.DataFrame(
+        {
+            USER: [1, 1, 2],
+            ITEM: [1, 2, 3],
+            TIMESTAMP: ["2024-01-01T00:00:00Z", "2024-01-02T00:00:00Z", "2024-01-03T00:00:00Z"],
+            EVENT_TYPE: ["view"] * 3,
+            CATEGORY: ["shoes", "hats", "shoes"],
+        }
+    )
+    expected = load_events(text, schema)
+    categories = pl.Enum(["hats", "shoes", "unused"])
+    for changed in (
+        text.with_columns(pl.col(CATEGORY).cast(categories)),
+        text.with_columns(pl.col(TIMESTAMP).cast(pl.Categorical)),
+        text.with_columns(pl.col(TIMESTAMP).cast(pl.Enum(text[TIMESTAMP].to_list()))),
+        text.to_pandas().astype({TIMESTAMP: "category", CATEGORY: "category"}),
+    ):
+        assert_frame_equal(load_events(changed, schema), expected)
+    attributes = EventSchema(columns={**NO_CATEGORY, ATTRIBUTES: CATEGORY})
+    assert_frame_equal(
+        load_events(text.with_columns(pl.col(CATEGORY).cast(categories)), attributes),
+        load_events(text, attributes),
+    )
+
+
 def prepare_file_and_frame(tmp_path: Path, log: pl.DataFrame, suffix: str) -> tuple[dict, dict]:
     path = tmp_path / f"log{suffix}"
     getattr(log, "write_csv" if suffix == ".csv" else "write_parquet")(path)
