@@ -472,7 +472,12 @@ def _as_lazy(
         # (polars' conversion of an aware one takes Series.values, deprecated in pandas 3.1)
         for column in source.columns:
             dtype = source[column].dtype
-            if columns[column] and _integral_floats(source[column]):
+            if isinstance(dtype, pd.ArrowDtype) and pa.types.is_string_view(dtype.pyarrow_dtype):
+                # pandas (its dtype checks, astype) and polars' conversion raise
+                # NotImplementedError on it: cast in Arrow
+                text = pa.array(source[column].array).cast(pa.large_string())
+                source[column] = pd.arrays.ArrowExtensionArray(text)  # by position
+            elif columns[column] and _integral_floats(source[column]):
                 # an int id column that pandas made float to hold a NaN (one missing id): the
                 # ids as integers again, so that vocabularies and outputs do not read 1041569.0
                 source[column] = source[column].astype("Int64")

@@ -329,3 +329,20 @@ def test_column_labels_taken_from_the_frame_map_its_columns(log, tmp_path):
     )
     assert_frame_equal(ds.sequences(), reference.sequences(), check_exact=True)
     assert ds.vocab.attributes.height == reference.vocab.attributes.height
+
+
+def test_an_arrow_string_view_column_is_read_as_text(log, tmp_path):
+    """A pandas column of ``pd.ArrowDtype(pa.string_view())`` (what pyarrow's newer readers can
+    hand over) failed with a bare ``NotImplementedError: string_view`` from polars' conversion
+    (an audit's finding). It is read as the same text as a ``str`` column."""
+    import pyarrow as pa
+
+    frame = log.to_pandas()
+    frame["user_id"] = frame["user_id"].astype(str)
+    reference = rd.prepare(frame, tmp_path / "str", **OPTIONS)
+    view = pd.ArrowDtype(pa.string_view())
+    viewed = frame.astype({"user_id": view, "event_type": view, "category": view})
+    viewed.index = [0] * len(viewed)  # an index of repeated labels: nothing aligns on it
+    ds = rd.prepare(viewed, tmp_path / "view", **OPTIONS)
+    assert_frame_equal(ds.sequences(), reference.sequences(), check_exact=True)
+    assert ds.stats["fingerprint"] == reference.stats["fingerprint"]
