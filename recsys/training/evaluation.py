@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from recsys.data.batch import SeqBatch
 from recsys.data.io import DataError, cast_ids, read_user_list
+from recsys.data.validate import canonical_id_type
 from recsys.schema import NUM_RESERVED
 from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
@@ -167,6 +168,10 @@ def _per_target_table(table, name: str) -> pl.DataFrame:
             f"{name} lacks column(s) {missing} of a per-target table (has {table.columns}): "
             "give what `pipelines.evaluate per_target=<file>.parquet` wrote"
         )
+    ids = {c: canonical_id_type(table.schema[c]) for c in ("user_id", "item_id")}
+    # ids as prepared data types them (a pandas category's values as text, Int32 as Int64), so
+    # two tables of the same targets join whatever type a notebook gave them
+    table = table.with_columns(pl.col(c).cast(dtype) for c, dtype in ids.items() if dtype)
     repeated = table.filter(pl.struct(TARGET_KEY).is_duplicated())
     if len(repeated):
         raise DataError(

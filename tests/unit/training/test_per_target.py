@@ -41,6 +41,21 @@ def test_paired_comparison_by_hand():
     assert (got["b_better"], got["a_better"], got["ties"]) == (2, 1, 1)
 
 
+def test_tables_whose_ids_differ_only_in_type_are_compared():
+    """A pandas table whose ``user_id`` is a ``category`` (or Int32) beside the written table's
+    text (Int64) ids failed in the join with polars' bare SchemaError "datatypes of join keys
+    don't match" (an audit's finding). Ids are compared as the prepared data types them: a
+    category's values as text, narrower integers as Int64."""
+    users = ("007", "7", "a", "b")
+    a, b = table([0.0, 1.0, 0.5, 0.25], users=users), table([1.0, 1.0, 0.0, 0.5], users=users)
+    expected = compare_per_target(a, b)
+    assert compare_per_target(a.to_pandas().astype({"user_id": "category"}), b) == expected
+    a, b = table([0.0, 1.0, 0.5, 0.25]), table([1.0, 1.0, 0.0, 0.5])
+    expected = compare_per_target(a, b)
+    narrow = a.with_columns(pl.col("user_id").cast(pl.Int32)).to_pandas()
+    assert compare_per_target(narrow, b) == expected
+
+
 def test_pairs_are_matched_by_user_not_by_row_order_and_users_select(tmp_path):
     a = table([0.0, 1.0, 0.5, 0.25])
     b = table([1.0, 1.0, 0.0, 0.5]).reverse().to_pandas()  # pandas, another row order
