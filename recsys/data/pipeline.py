@@ -1069,8 +1069,21 @@ def _row_hash(columns: list[str]) -> pl.Expr:
     return row_hash.hash(seed=len(columns)).alias(_HASH)
 
 
+# rows hashed at once by _frame_digest
+DIGEST_SLICE_ROWS = 1 << 20
+
+
 def _frame_digest(frame: pl.DataFrame) -> int:
-    return int(np.sum(frame.hash_rows(seed=0).to_numpy(), dtype=np.uint64))
+    """The sum (mod 2^64) of the frame's row hashes, one slice of rows at a time: a row's hash
+    is its values', wherever the slice starts, so the sum is the whole frame's. Whole,
+    ``hash_rows`` of a many-chunk frame (a streamed log) took about twice the frame's size
+    on top of it (+1.0 GB for a 10.8 M-event log of 0.43 GB), the scoring job's peak; by
+    slices, +0.1 GB and no slower."""
+    total = 0
+    for start in range(0, frame.height, DIGEST_SLICE_ROWS):
+        hashes = frame.slice(start, DIGEST_SLICE_ROWS).hash_rows(seed=0).to_numpy()
+        total += int(np.sum(hashes, dtype=np.uint64))
+    return total % 2**64  # the UInt64 sum one np.sum over every row gave (it wraps)
 
 
 def _unknown_targets_note(stats: dict) -> str:

@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+import recsys.data.pipeline as pipeline_module
 from recsys.data.dataset import SequenceStore
 from recsys.data.io import DataError
 from recsys.data.pipeline import (
@@ -668,6 +669,23 @@ def test_scoring_fingerprint_sees_the_input_order_that_orders_ties(fitted):
     )
     assert events_fingerprint(tied) != events_fingerprint(reordered)
     assert events_fingerprint(tied) == events_fingerprint(tied.clone())
+
+
+def test_scoring_fingerprint_is_the_sum_of_row_hashes_whatever_the_slices(fitted, monkeypatch):
+    """The digest hashes the rows a slice at a time (bounded memory on a large log); slices
+    that end anywhere, and a frame in many chunks, give the whole frame's sum of row hashes,
+    so a job's fingerprint (its resume manifest's key) is the one it always was."""
+    events, _ = fitted
+    whole = pipeline_module.events_fingerprint(events)
+    with_index = events.with_row_index(pipeline_module.ROW)
+    one_sum = int(np.sum(with_index.hash_rows(seed=0).to_numpy(), dtype=np.uint64))
+    assert pipeline_module._frame_digest(with_index) == one_sum
+    chunked = pl.concat([events.slice(o, 5) for o in range(0, events.height, 5)], rechunk=False)
+    assert chunked.n_chunks() > 1
+    for rows in (1, 7, events.height - 1, events.height, events.height + 1):
+        monkeypatch.setattr(pipeline_module, "DIGEST_SLICE_ROWS", rows)
+        assert pipeline_module.events_fingerprint(events) == whole
+        assert pipeline_module.events_fingerprint(chunked) == whole
 
 
 def test_scoring_with_as_of_before_every_event_fails_clearly(fitted):
