@@ -66,6 +66,7 @@ from recsys.schema import EVENT_TYPE, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, US
 log = logging.getLogger(__name__)
 
 SOURCES = ("model", "category_popularity", "popularity")
+_SOURCE_NAMES = pl.Series(SOURCES, dtype=pl.Enum(list(SOURCES)))  # code -> name
 MAX_EXPLANATIONS = 3
 BASE_COLUMNS = (USER, "rank", ITEM, "score", "source")
 
@@ -510,9 +511,9 @@ class Recommender:
                 "rank": pl.Series(ranks, dtype=pl.Int32),
                 ITEM: catalogue.item_ids(items),
                 "score": pl.Series(scores, dtype=pl.Float32),
-                "source": pl.Series(
-                    [SOURCES[int(s)] for s in source], dtype=pl.Enum(list(SOURCES))
-                ),
+                # codes gathered from the three names: a Python str per row took 0.13 s per
+                # 1 M rows (100 k users), a tenth of this method
+                "source": _SOURCE_NAMES.gather(np.asarray(source, dtype=np.int64)),
             }
         )
         count = self.options.explanations
