@@ -76,7 +76,14 @@ class SequenceStore:
 
     @classmethod
     def from_parquet(cls, path: str | Path) -> SequenceStore:
-        return cls.from_table(pq.read_table(path))
+        """The store of a prepared ``sequences.parquet``. Arrow's memory pool (mimalloc or
+        jemalloc) keeps the memory the Parquet reader decoded into after the table is freed,
+        for Arrow's own reuse, which training and evaluation (NumPy, torch) never make: it is
+        handed back once the flat arrays are built (on a 10 M-event log 0.29 GiB of the
+        0.55 GiB the store held resident)."""
+        store = cls.from_table(pq.read_table(path))
+        pa.default_memory_pool().release_unused()
+        return store
 
     @classmethod
     def from_frame(cls, frame: pl.DataFrame) -> SequenceStore:
