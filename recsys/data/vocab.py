@@ -264,13 +264,24 @@ class Vocab:
             .cast(pl.Int32)
         )
 
-    def item_attribute_table(self) -> list[list[int]]:
+    def item_attribute_array(self) -> np.ndarray:
         """Attribute indices of every item index, padded with PAD to :attr:`attribute_width`
-        (PAD item -> all PAD, UNK item -> ``[UNK]``): the models' side-information lookup."""
+        (PAD item -> all PAD, UNK item -> ``[UNK]``): the models' side-information lookup, an
+        (items, width) int64 array filled from the flat attribute lists in one scatter (a
+        Python list per item took 0.5 s of a training's setup at 149 k items)."""
         width = self.attribute_width
-        rows = [[PAD_IDX] * width, [UNK_IDX] + [PAD_IDX] * (width - 1)]
-        rows += [r + [PAD_IDX] * (width - len(r)) for r in self.items[ATTRIBUTE_INDICES].to_list()]
-        return rows
+        table = np.full((NUM_RESERVED + self.items.height, width), PAD_IDX, dtype=np.int64)
+        table[UNK_IDX, 0] = UNK_IDX
+        lists = self.items[ATTRIBUTE_INDICES]
+        lengths = lists.list.len().fill_null(0).cast(pl.Int64).to_numpy()
+        row = np.repeat(np.arange(NUM_RESERVED, len(table)), lengths)
+        column = np.arange(len(row)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        table[row, column] = lists.explode().drop_nulls().to_numpy()
+        return table
+
+    def item_attribute_table(self) -> list[list[int]]:
+        """:meth:`item_attribute_array` as lists."""
+        return self.item_attribute_array().tolist()
 
     def item_train_counts(self) -> list[int]:
         """Training-window event count of every item index (0 for PAD and UNK): popularity

@@ -119,7 +119,7 @@ def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Mod
         cfg, **vocab.encoder_sizes(), num_time_buckets=datamodule.time_buckets.num_embeddings
     )
     if hasattr(encoder, "set_item_attributes"):  # optional: encoders without side information
-        encoder.set_item_attributes(torch.tensor(vocab.item_attribute_table(), dtype=torch.long))
+        encoder.set_item_attributes(torch.from_numpy(vocab.item_attribute_array()))
     return encoder
 
 
