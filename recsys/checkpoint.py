@@ -119,6 +119,8 @@ def load_checkpoint(
     """Rebuild the encoder (in eval mode) and its vocabulary from a recsys checkpoint
     (messages name ``option``, the key that named the file: ``model``, ``init_from``, ...)."""
     path = Path(path)
+    if path.is_dir():
+        refuse_folder(path, option)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
@@ -154,6 +156,22 @@ def load_checkpoint(
             f"{path} cannot be loaded: its model ({meta.get('encoder_target')!r}) could not be "
             f"rebuilt from it ({type(err).__name__}: {first.strip()[:300]}); {fix}"
         ) from err
+
+
+def refuse_folder(path: Path, option: str) -> None:
+    """Refuse a folder given as a checkpoint (a run folder, or its ``checkpoints/``), naming
+    the checkpoint in it to pass instead."""
+    found = [p for p in (path / "checkpoints" / "best.ckpt", path / "best.ckpt") if p.is_file()]
+    found = found or sorted(path.rglob("*.ckpt"))[:3]
+    raise IsADirectoryError(
+        f"{option}={str(path)!r} is a folder, not a checkpoint file: "
+        + (
+            f"pass one of its checkpoints, e.g. {option}={found[0]}"
+            if found
+            else "it holds no checkpoint (*.ckpt); pass a checkpoint path, an MLflow run "
+            "id, or a registered model as <name>@<alias>"
+        )
+    )
 
 
 def unreadable(path: Path, err: Exception) -> str:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from recsys.checkpoint import LoadedModel, load_checkpoint
+from recsys.checkpoint import LoadedModel, load_checkpoint, refuse_folder
 
 try:
     import fcntl
@@ -458,17 +458,7 @@ def resolve_model(
     if path.is_file():
         return path, {"model.uri": str(path.absolute())}
     if path.is_dir():  # a run folder, or its checkpoints/: name the checkpoint to pass
-        found = [p for p in (path / "checkpoints" / "best.ckpt", path / "best.ckpt") if p.is_file()]
-        found = found or sorted(path.rglob("*.ckpt"))[:3]
-        raise IsADirectoryError(
-            f"{option}={text!r} is a folder, not a checkpoint file: "
-            + (
-                f"pass one of its checkpoints, e.g. {option}={found[0]}"
-                if found
-                else "it holds no checkpoint (*.ckpt); pass a checkpoint path, an MLflow run "
-                "id, or a registered model as <name>@<alias>"
-            )
-        )
+        refuse_folder(path, option)
     registry = text.removeprefix("models:/")
     is_registry = text.startswith("models:/") or ("@" in text and "/" not in text)
     if not is_registry and (path.suffix == ".ckpt" or "/" in text or not text.isalnum()):

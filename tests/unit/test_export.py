@@ -545,3 +545,14 @@ def test_a_damaged_export_folder_is_named_with_the_fix(tmp_path, file, damage):
     with pytest.raises((ValueError, FileNotFoundError), match="export_model") as info:
         load_exported(folder)
     assert str(path) in str(info.value)
+
+
+def test_a_run_folder_given_as_a_checkpoint_names_the_checkpoint_in_it(tmp_path):
+    """load_checkpoint(<run folder>) said the checkpoint "does not exist", though the folder
+    does: it names the checkpoint to pass, as the pipelines' model= does."""
+    encoder = make_encoder("atrank")
+    (tmp_path / "checkpoints").mkdir()
+    best = write_checkpoint(encoder, encoder.config, tmp_path / "checkpoints" / "best.ckpt")
+    with pytest.raises(IsADirectoryError, match="is a folder, not a checkpoint file") as info:
+        load_checkpoint(tmp_path)
+    assert f"model={best}" in str(info.value)
