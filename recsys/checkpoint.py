@@ -22,6 +22,7 @@ from torch import nn
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
 from recsys.model.transition import TransitionPrior
+from recsys.retrieval.output import write_atomically
 from recsys.schema import EventSchema
 
 CHECKPOINT_KEY = "recsys"
@@ -255,7 +256,8 @@ def write_scoring_checkpoint(checkpoint: str | Path, destination: str | Path) ->
     }
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(slim, destination)
+    # beside it, then renamed: a job killed mid-write leaves the earlier file, never a cut one
+    write_atomically(destination, lambda tmp: torch.save(slim, tmp))
     return destination
 
 

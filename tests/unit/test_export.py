@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.checkpoint import checkpoint_extra, load_checkpoint
+from recsys.checkpoint import checkpoint_extra, load_checkpoint, write_scoring_checkpoint
 from recsys.data.batch import SeqBatch
 from recsys.data.sequences import TimeBuckets
 from recsys.data.vocab import Vocab
@@ -556,3 +556,23 @@ def test_a_run_folder_given_as_a_checkpoint_names_the_checkpoint_in_it(tmp_path)
     with pytest.raises(IsADirectoryError, match="is a folder, not a checkpoint file") as info:
         load_checkpoint(tmp_path)
     assert f"model={best}" in str(info.value)
+
+
+def test_a_scoring_checkpoint_cut_by_a_failed_write_leaves_the_earlier_one(tmp_path, monkeypatch):
+    """write_scoring_checkpoint wrote in place: a job killed mid-write left a cut model.ckpt
+    that the next scoring job failed on. It now writes beside it and renames."""
+    encoder = make_encoder("atrank")
+    full = write_checkpoint(encoder, encoder.config, tmp_path / "best.ckpt")
+    slim = write_scoring_checkpoint(full, tmp_path / "scoring" / "model.ckpt")
+    before = slim.read_bytes()
+
+    def cut_short(obj, target):
+        Path(target).write_bytes(before[: len(before) // 2])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("recsys.checkpoint.torch.save", cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        write_scoring_checkpoint(full, slim)
+    assert slim.read_bytes() == before
+    assert [p.name for p in slim.parent.iterdir()] == ["model.ckpt"]  # no temporary file left
+    load_checkpoint(slim)
