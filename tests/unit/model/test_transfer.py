@@ -43,7 +43,7 @@ OLD = vocab([10, 11, 12, 13], ["a", "b"], [[2], [3], [2, 3], [3]])
 NEW = vocab([12, 20, 10, 21], ["c", "b"], [[3], [2], [3], [2]])
 
 
-def atrank(v: Vocab, seed: int) -> ATRank:
+def atrank(v: Vocab, seed: int, **settings) -> ATRank:
     torch.manual_seed(seed)
     model = ATRank(
         **v.encoder_sizes(),
@@ -51,6 +51,7 @@ def atrank(v: Vocab, seed: int) -> ATRank:
         max_seq_len=6,
         d_model=8,
         item_bias=True,
+        **settings,
     )
     model.set_item_attributes(torch.tensor(v.item_attribute_table(), dtype=torch.long))
     with torch.no_grad():
@@ -121,15 +122,7 @@ def test_weights_either_model_lacks_are_refused_by_name():
     """A two-layer model into a one-layer encoder (or the other way round): a trained layer
     would be left behind, or a layer left untrained, so neither is carried silently."""
     deep = atrank(OLD, seed=0)  # num_layers=2, the default
-    torch.manual_seed(1)
-    shallow = ATRank(
-        **NEW.encoder_sizes(),
-        num_time_buckets=5,
-        max_seq_len=6,
-        d_model=8,
-        item_bias=True,
-        num_layers=1,
-    )
+    shallow = atrank(NEW, seed=1, num_layers=1)
     before = {k: v.clone() for k, v in shallow.state_dict().items()}
     with pytest.raises(ValueError, match=r"weights this run's encoder lacks: \['[^']*\.1\."):
         carry_over(deep, OLD, shallow, NEW)
