@@ -92,6 +92,14 @@ def check_output_path(path: str | Path) -> Path:
     return path
 
 
+def holds_output(path: str | Path) -> bool:
+    """Whether ``path`` holds something (for a path that passed :func:`check_output_path`: an
+    earlier scoring job's complete output), which a job of another model may only replace with
+    ``retrieval.output.overwrite=true``."""
+    path = Path(path).expanduser().absolute()
+    return path.exists() and not _is_empty_folder(path)
+
+
 class PartitionedOutput:
     def __init__(self, path: str | Path, *, formats, job: dict, overwrite: bool = False):
         formats = check_formats(formats)
@@ -142,7 +150,7 @@ class PartitionedOutput:
 
     def _open(self, overwrite: bool) -> None:
         job = self.job
-        if self.path.exists() and not _is_empty_folder(self.path):
+        if holds_output(self.path):
             if self._key_of(self.path) == self.key:
                 log.info("%s already holds this job's complete output: nothing to do", self.path)
                 self.complete = True

@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from recsys.config import check_required, event_schema, sweep_tags
+from recsys.retrieval.output import holds_output
 from recsys.tasks import evaluate, score, train
 from recsys.tracking import use_tracker
 
@@ -35,6 +36,7 @@ def check_config(cfg: DictConfig) -> None:
     train.check_config(cfg)
     behaviors = event_schema(cfg.data).behaviors
     score.check_options(cfg.retrieval, behaviors, train.trained_targets(cfg, behaviors))
+    _check_output_is_free(cfg)
     if cfg.training.get("transition_prior") is not None and cfg.retrieval.get("rerank_top_n"):
         raise ValueError(
             f"retrieval.rerank_top_n={cfg.retrieval.rerank_top_n}: the model will add a "
@@ -84,6 +86,24 @@ def _run(cfg: DictConfig) -> MainResult:
         metrics={**trained.best_val, **metrics},
         run=tracker.describe(),
     )
+
+
+def _check_output_is_free(cfg: DictConfig) -> None:
+    """An earlier scoring job's output at ``retrieval.output.path`` is of another model than
+    the one this job is about to train, so scoring would refuse it without
+    ``retrieval.output.overwrite=true``: refused now, not after the training (a nightly
+    retraining writing to a fixed path found this out after its training, every night)."""
+    output = cfg.retrieval.get("output") or {}
+    if output.get("overwrite") is True or _replaces_own_output(cfg):
+        return
+    path = output.get("path")
+    if path and holds_output(str(path)):
+        raise FileExistsError(
+            f"retrieval.output.path={path} holds an earlier scoring job's output, and "
+            "this job scores a model it is about to train: pass retrieval.output.overwrite=true "
+            "to replace that output once the new recommendations are written, or choose "
+            "another retrieval.output.path"
+        )
 
 
 def _replaces_own_output(cfg: DictConfig) -> bool:

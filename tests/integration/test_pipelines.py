@@ -683,7 +683,9 @@ def test_a_finished_main_job_resumed_with_more_epochs_replaces_its_own_recommend
 ):
     """config.yaml lets a resume raise trainer.max_epochs; continuing a finished main job then
     failed at scoring, after training, on the recommendations it had written into its own run
-    folder before (an audit's finding). They are this job's, of an earlier model: replaced."""
+    folder before (an audit's finding). They are this job's, of an earlier model: replaced.
+    Another main job's recommendations there are refused before the training, unless
+    retrieval.output.overwrite=true."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     base = [*TINY, "callbacks.early_stopping.patience=50"]
     first = main.run(make_config("config", [*base, "trainer.max_epochs=1"]))
@@ -694,8 +696,19 @@ def test_a_finished_main_job_resumed_with_more_epochs_replaces_its_own_recommend
     elsewhere = first.recommendations.parent.parent / "elsewhere"
     other = make_config("config", [*base, "trainer.max_epochs=1", f"paths.run_dir={elsewhere}"])
     other.retrieval.output.path = str(first.recommendations)  # not its own run folder's
-    with pytest.raises(FileExistsError, match="holds another scoring job's output"):
+    kept = (resumed.recommendations / "_manifest.json").read_text()
+    trainings, real_training = [], train.run
+    monkeypatch.setattr(train, "run", lambda *args, **kwargs: trainings.append(args))
+    # another job's recommendations: refused before it trains (a model it has yet to train
+    # cannot have written them), not after the training
+    with pytest.raises(FileExistsError, match="holds an earlier scoring job's output"):
         main.run(other)
+    assert trainings == []
+    assert (resumed.recommendations / "_manifest.json").read_text() == kept
+    monkeypatch.setattr(train, "run", real_training)
+    other.retrieval.output.overwrite = True  # replaced once the new ones are written
+    assert main.run(other).recommendations == first.recommendations
+    assert (first.recommendations / "_manifest.json").read_text() not in (kept, manifest)
 
 
 @pytest.mark.parametrize(
