@@ -66,7 +66,7 @@ from recsys.training.callbacks import (
 )
 from recsys.training.evaluation import pick_device
 from recsys.training.metrics import known_target_shares
-from recsys.training.module import same_target_partners
+from recsys.training.module import SeqRecModule, same_target_partners
 
 log = logging.getLogger(__name__)
 
@@ -825,6 +825,31 @@ def divergence_settings(cfg: DictConfig) -> str:
     return f"training.optimizer.lr={lr}, trainer.gradient_clip_val={clip}"
 
 
+def _warn_of_idle_loss_settings(training: DictConfig) -> None:
+    """Negative-sampling settings changed from their defaults where the loss draws no
+    negatives (full softmax with the retrieval objective), and ``gbce_t`` outside gbce, are
+    named in a warning: the run would otherwise look like the ablation it is not. A warning,
+    not a refusal, so a sweep crossing losses with negative counts still runs."""
+    loss = training.get("loss", "full_softmax")
+    idle = ["gbce_t"] if loss != "gbce" else []
+    if loss == "full_softmax" and training.get("objective", "retrieval") == "retrieval":
+        idle += ["num_negatives", "negative_sampler", "shared_negatives"]
+    defaults = inspect.signature(SeqRecModule.__init__).parameters
+    changed = [
+        f"training.{key}={training[key]!r}"
+        for key in idle
+        if key in training and training[key] != defaults[key].default
+    ]
+    if changed:
+        log.warning(
+            "%s: no effect with training.loss=%s and objective=%s (negatives are drawn by the "
+            "sampled losses and the target_attention objective; gbce_t is gbce's calibration)",
+            ", ".join(changed),
+            loss,
+            training.get("objective", "retrieval"),
+        )
+
+
 def check_settings(cfg: DictConfig) -> None:
     """Settings that Lightning would take without complaint or refuse without naming them,
     checked before any work: ``data.loader``'s sizes, the seed, ``trainer.max_epochs`` and each
@@ -840,6 +865,7 @@ def check_settings(cfg: DictConfig) -> None:
             "every training event (one row each), as model=atrank_faithful does",
             cfg.data.get("max_seq_len"),
         )
+    _warn_of_idle_loss_settings(cfg.training)
     if cfg.get("init_from") is not None and cfg.get("resume") is not None:
         raise ValueError(
             "init_from and resume are both set: resume continues an interrupted run (weights, "

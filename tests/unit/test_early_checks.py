@@ -653,3 +653,30 @@ def test_a_damaged_init_from_checkpoint_names_init_from(make_config, tmp_path, m
     with pytest.raises(ValueError, match="an empty file") as info:
         train.run(cfg)
     assert "point init_from= at" in str(info.value) and "model=" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        ([], None),  # the defaults
+        (["training.num_negatives=64"], "training.num_negatives=64"),
+        (["training.negative_sampler=popularity"], "training.negative_sampler='popularity'"),
+        (["training.gbce_t=0.5", "training.loss=bce"], "training.gbce_t=0.5"),
+        (["training.gbce_t=0.5", "training.loss=gbce"], None),
+        (["training.num_negatives=64", "training.loss=sampled_softmax"], None),
+        (["model=atrank_faithful"], None),  # target attention draws its one negative
+    ],
+)
+def test_negative_settings_a_loss_does_not_use_are_named(make_config, caplog, overrides, warned):
+    """training.num_negatives=64 under the default full softmax changed nothing, silently: a
+    sweep over negative counts with loss=full_softmax trained the same model N times."""
+    with caplog.at_level("WARNING", logger="recsys.tasks.train"):
+        train.check_settings(make_config("config", ["experiment=tiny", *overrides]))
+    idle = [
+        r.getMessage() for r in caplog.records if "no effect with training.loss" in r.getMessage()
+    ]
+    if warned is None:
+        assert idle == []
+    else:
+        (message,) = idle
+        assert message.startswith(warned + ": no effect with training.loss=")
