@@ -20,7 +20,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from recsys.config import check_required, note_trained_settings
+from recsys.config import check_required, note_trained_settings, prepare_settings
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.dataset import width_multiple
 from recsys.data.io import DataError, read_user_list
@@ -35,7 +35,12 @@ from recsys.model.transition import (
 from recsys.retrieval.output import write_atomically
 from recsys.schema import ITEM
 from recsys.tasks import prepare
-from recsys.tasks.train import data_arguments, naming_keys, store_transitions
+from recsys.tasks.train import (
+    check_evaluated_targets,
+    data_arguments,
+    naming_keys,
+    store_transitions,
+)
 from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import TargetRecords, evaluate, pick_device
 from recsys.training.module import SeqRecModule
@@ -302,6 +307,13 @@ def run(
         )
     listed = read_user_list(cfg.users) if cfg.get("users") else None
     note_trained_settings(cfg.data, model, ref)
+    check_evaluated_targets(
+        prepare_settings(cfg.data).split.target_behaviors,
+        model.target_behaviors,
+        model.vocab.behaviors,
+        splits="/".join("validation" if s == "val" else s for s in splits),
+        trained_by=f"model={ref} was trained (by its training.behavior_weights)",
+    )
     prepared_now = prepared_dir is None and not cfg.data.prepared_dir  # into this run's folder
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(

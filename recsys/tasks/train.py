@@ -553,6 +553,49 @@ def _positive(weight: object) -> bool:
     return isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight > 0
 
 
+def check_evaluated_targets(
+    evaluated: Sequence[str] | None,
+    trained: Sequence[str] | None,
+    behaviors: Sequence[str],
+    *,
+    splits: str,
+    trained_by: str,
+) -> None:
+    """Refuse ``splits`` targets (``data.split.target_behaviors``: ``evaluated``; None: every
+    behaviour) of behaviours the model is not trained to predict (``trained``, as
+    :func:`trained_targets` gives them, told as ``trained_by``; None: every behaviour): its
+    metrics would count targets it never learns, e.g. views for a model of purchases."""
+    evaluated_set = set(evaluated or behaviors)
+    trained = list(behaviors) if trained is None else list(trained)
+    untrained = [b for b in behaviors if b in evaluated_set and b not in trained]
+    if not untrained:
+        return
+    shown = "null" if evaluated is None else f"[{', '.join(evaluated)}]"
+    fit = [b for b in trained if b in evaluated_set] or trained
+    raise ValueError(
+        f"data.split.target_behaviors={shown} makes {untrained} {splits} targets, but "
+        f"{trained_by} to predict only {trained}: its metrics would count targets it never "
+        f"learns; set data.split.target_behaviors=[{', '.join(fit)}]"
+        + (" (or fewer of them)" if len(fit) > 1 else "")
+    )
+
+
+def check_target_behaviors(cfg: DictConfig) -> None:
+    """:func:`check_evaluated_targets` for a training: validation (which selects the
+    checkpoint) and test targets of behaviours ``training.behavior_weights`` does not train."""
+    weights = cfg.training.get("behavior_weights")
+    if not weights:
+        return
+    behaviors = event_schema(cfg.data).behaviors
+    check_evaluated_targets(
+        prepare_settings(cfg.data).split.target_behaviors,
+        trained_targets(cfg, behaviors),
+        behaviors,
+        splits="validation and test",
+        trained_by=f"training.behavior_weights={dict(weights)} trains the model",
+    )
+
+
 def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> None:
     """Refuse ``training.behavior_weights`` whose weighted behaviours no training target has
     (e.g. ``{fav: 1}`` on a log without favourites): the loss would be 0 at every step and
@@ -1103,7 +1146,8 @@ def check_config(cfg: DictConfig) -> None:
     check_checkpoint_callback(cfg)
     prepare_settings(cfg.data)
     check_settings(cfg)
-    check_model_settings(cfg)
+    check_model_settings(cfg)  # (training.behavior_weights' values among them)
+    check_target_behaviors(cfg)
     check_trainer_settings(cfg)
     check_registry(cfg.logger)
 

@@ -245,7 +245,11 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
         (["retrieval.output.overwrite=maybe"], r"retrieval.output.overwrite='maybe' must be true"),
         (["retrieval.output.path=null"], r"retrieval.output.path=None: give the folder"),
         (
-            ["+training.behavior_weights={cart: 1.0}", "retrieval.rules.target_behavior=purchase"],
+            [
+                "+training.behavior_weights={cart: 1.0}",
+                "data.split.target_behaviors=[cart]",
+                "retrieval.rules.target_behavior=purchase",
+            ],
             r"target_behavior='purchase', but the model is trained to predict \['cart'\]",
         ),
     ],
@@ -309,14 +313,31 @@ def test_a_missing_item_table_is_named_as_data_items(make_config, tmp_path):
     assert not (tmp_path / "prepared").exists()
 
 
-def test_behavior_weights_on_behaviours_no_training_target_has_are_refused(make_config):
-    """{fav: 1} on a log without favourites would train nothing (loss 0 at every step) and
-    still save a "best" checkpoint."""
+def test_behavior_weights_on_behaviours_no_training_target_has_are_refused(make_config, tmp_path):
+    """{fav: 1} where favourites come only after the training window would train nothing
+    (loss 0 at every step) and still save a "best" checkpoint."""
+    events = generate_events(num_users=150, num_items=120, num_categories=8, seed=42)
+    last = events["timestamp"].max()
+    later = events.group_by("user_id").agg(pl.all().last()).head(40)
+    favourites = later.with_columns(  # one validation and one test favourite each
+        pl.lit("fav").alias("event_type"),
+        pl.Series("timestamp", [last] * 40).dt.offset_by("1s"),
+    )
+    val = favourites.with_columns(pl.col("timestamp").dt.offset_by("-200h"))
+    log = tmp_path / "events.parquet"
+    pl.concat([events, val, favourites]).write_parquet(log)
     weights = [
+        "data=events_file",
+        f"data.source={log}",
+        "data.columns.category=category",
         "data.behaviors=[view,click,cart,purchase,fav]",
+        "data.split.target_behaviors=[fav]",
         "+training.behavior_weights={fav: 1.0}",
+        "trainer.max_epochs=1",
+        "model.d_model=16",
+        "model.num_layers=1",
     ]
-    cfg = make_config("config", ["experiment=tiny", "logger=none", *weights])
+    cfg = make_config("config", ["logger=none", *weights])
     with pytest.raises(ValueError, match=r"weighs \['fav'\], but no training target is one of"):
         train.run(cfg)
     assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))
@@ -680,3 +701,76 @@ def test_negative_settings_a_loss_does_not_use_are_named(make_config, caplog, ov
     else:
         (message,) = idle
         assert message.startswith(warned + ": no effect with training.loss=")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (  # every behaviour a target, purchases and carts trained
+            ["+training.behavior_weights={purchase: 1.0, cart: 0.3}"],
+            r"^data.split.target_behaviors=null makes \['view', 'click'\] validation and test "
+            r"targets, but training.behavior_weights=.* trains the model to predict only "
+            r"\['cart', 'purchase'\]: .* set data.split.target_behaviors=\[cart, purchase\]",
+        ),
+        (
+            ["data.split.target_behaviors=[purchase]", "+training.behavior_weights={cart: 1}"],
+            r"^data.split.target_behaviors=\[purchase\] makes \['purchase'\] validation and .* "
+            r"set data.split.target_behaviors=\[cart\]",
+        ),
+    ],
+)
+def test_targets_of_behaviours_the_model_is_not_trained_for_are_refused_before_training(
+    make_config, monkeypatch, overrides, message
+):
+    """``training.behavior_weights={purchase: 1}`` without ``data.split.target_behaviors``
+    validated (and selected the checkpoint) on the next event of any behaviour, mostly views
+    the model never learns to predict."""
+    monkeypatch.setattr(prepare, "run", lambda *a, **k: pytest.fail("prepared before checking"))
+    cfg = make_config("config", ["experiment=tiny", "logger=none", *overrides])
+    with pytest.raises(ValueError, match=message):
+        main.run(cfg)
+
+
+def test_targets_among_the_trained_behaviours_are_accepted(make_config):
+    for overrides in (
+        ["data.split.target_behaviors=[purchase]", "+training.behavior_weights={purchase: 1}"],
+        ["data.split.target_behaviors=[purchase]"],  # every behaviour trained
+        ["+training.behavior_weights={view: 1, click: 1, cart: 1, purchase: 0.5}"],
+    ):
+        train.check_config(make_config("config", ["experiment=tiny", "logger=none", *overrides]))
+
+
+def test_evaluating_a_model_on_targets_it_was_not_trained_for_is_refused(
+    make_config, monkeypatch, tmp_path
+):
+    """A checkpoint trained for purchases (``training.behavior_weights={purchase: 1}``) was
+    evaluated by ``pipelines.evaluate`` on the next event of every behaviour when the command
+    did not repeat ``data.split.target_behaviors``, without a word."""
+    from types import SimpleNamespace
+
+    from recsys.data.sequences import TimeBuckets
+    from recsys.tasks import evaluate
+
+    model = SimpleNamespace(  # what evaluation reads of a model before the data is prepared
+        encoder=None,
+        max_seq_len=20,
+        time_buckets=TimeBuckets(),
+        target_behaviors=("purchase",),
+        vocab=SimpleNamespace(behaviors=("view", "click", "cart", "purchase")),
+    )
+
+    monkeypatch.setattr(evaluate, "load_model", lambda ref, logger: (model, {}))
+    monkeypatch.setattr(evaluate, "_evaluation_module", lambda *a, **k: None)
+    monkeypatch.setattr(prepare, "prepared", lambda *a, **k: pytest.fail("prepared"))
+    settings = ["+experiment=tiny", "logger=none", f"model_ref={tmp_path / 'best.ckpt'}"]
+    with pytest.raises(
+        ValueError,
+        match=r"^data.split.target_behaviors=null makes \['view', 'click', 'cart'\] test "
+        r"targets, but model=.*best.ckpt was trained \(by its training.behavior_weights\) to "
+        r"predict only \['purchase'\]: .* set "
+        r"data.split.target_behaviors=\[purchase\]",
+    ):
+        evaluate.run(make_config("evaluate", settings))
+    # the behaviour it was trained for is evaluated as before (here: up to preparing)
+    with pytest.raises(pytest.fail.Exception, match="prepared"):
+        evaluate.run(make_config("evaluate", [*settings, "data.split.target_behaviors=[purchase]"]))
