@@ -1009,6 +1009,11 @@ def _behavior_weights(
     """{name: weight} -> (NUM_RESERVED + G,) weights by behaviour index; unnamed ones get 0."""
     if not weights:
         return None
+    if not isinstance(weights, Mapping):
+        raise ValueError(
+            f"training.behavior_weights={weights!r} must be a mapping of behaviours to weights, "
+            "e.g. {purchase: 1.0, cart: 0.3} (a behaviour left out is not a target)"
+        )
     unknown = sorted(set(weights) - set(behaviors))
     if unknown:
         raise ValueError(

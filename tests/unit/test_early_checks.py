@@ -100,6 +100,14 @@ from recsys.tasks import main, prepare, train
         ("training.shared_negatives=maybe", r"^training.shared_negatives='maybe' must be true"),
         ("+training.behavior_weights={view:nan}", r"^training.behavior_weights=\{'view': nan\}"),
         ("+training.behavior_weights={view:abc}", r"^training.behavior_weights=\{'view': 'abc'"),
+        # a list: an error of OmegaConf's ("ListConfig does not support attribute access");
+        # one name: "names ['a', 'c', 'e', 'h', ...]", the letters of purchase
+        (
+            "+training.behavior_weights=[purchase]",
+            r"^training.behavior_weights=\['purchase'\] must be a mapping of behaviours to "
+            r"weights, e.g. \{purchase: 1.0, cart: 0.3\}",
+        ),
+        ("+training.behavior_weights=purchase", r"^training.behavior_weights='purchase' must be"),
         ("model.ffn_multiplier=nan", r"^model.ffn_multiplier=nan gives a feed-forward width"),
         # settings of the learned position table, trained without effect on another encoding
         ("model.position_std=0.02", r"^model.position_std=0.02 sets the learned position table"),
