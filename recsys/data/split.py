@@ -57,6 +57,11 @@ class SplitSettings:
             raise ValueError(f"data.split.method={self.method!r}: use one of {list(METHODS)}")
         if self.target_behaviors is not None:
             targets = names("data.split.target_behaviors", self.target_behaviors)
+            if not targets:
+                raise ValueError(
+                    "data.split.target_behaviors=[] names no behaviour: set null for targets "
+                    "of every behaviour, or name them, e.g. [purchase]"
+                )
             object.__setattr__(self, "target_behaviors", targets)
         for name in ("val_fraction", "test_fraction"):
             value = getattr(self, name)

@@ -61,6 +61,7 @@ from recsys.tasks import main, prepare, train
         ("+data.min_user_event=3", r"^unknown data option\(s\) \['min_user_event'\]"),
         ("data.behaviors=[]", r"behaviors is empty"),
         ("data.behaviors=null", r"^data.behaviors=None must be a list of names"),
+        ("data.split.target_behaviors=[]", r"^data.split.target_behaviors=\[\] names no behav"),
         ("data.time_buckets.unit_seconds=inf", r"^data.time_buckets.unit_seconds=inf must be a"),
         ("trainer.precision=33", r"^trainer.precision=33: recsys trains in float32"),
         # accepted before, then a dtype error after the data was prepared

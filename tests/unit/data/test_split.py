@@ -234,6 +234,12 @@ def test_leave_one_out_ignores_timestamps_but_not_order():
         ({"val_fraction": 0.5}, "data.split.val_fraction=0.5 must lie in (0, 0.5)"),
         ({"test_fraction": -0.1}, "data.split.test_fraction=-0.1 must lie in (0, 0.5)"),
         ({"val_fraction": 0.45, "test_fraction": 0.45}, "leaves too little for training"),
+        # was taken as null (every behaviour a target), and stats.json said []
+        (
+            {"target_behaviors": []},
+            "data.split.target_behaviors=[] names no behaviour: set null for targets of every "
+            "behaviour, or name them, e.g. [purchase]",
+        ),
     ],
 )
 def test_split_settings_validation(kwargs, message):
