@@ -62,7 +62,7 @@ from recsys.data.io import (
     scan_events,
     scan_items,
 )
-from recsys.data.sequences import ITEMS, TimeBuckets, build_sequences
+from recsys.data.sequences import BEHAVIORS, ITEMS, TimeBuckets, build_sequences
 from recsys.data.split import (
     TEST_START,
     TEST_TARGET,
@@ -866,6 +866,7 @@ def _prepare(
         "polars_version": pl.__version__,
     }
     if stats["val_targets"] == 0 or stats["test_targets"] == 0:
+        _check_target_events(sequences, vocab, settings.split, name, stats["events"])
         raise ValueError(
             f"{name}: the split leaves {stats['val_targets']} validation and "
             f"{stats['test_targets']} test targets ({settings.split.method} split)"
@@ -1091,6 +1092,28 @@ def _unknown_targets_note(stats: dict) -> str:
     out (their item is not in the vocabulary), so that the counts add up to the split's."""
     val, test = stats["val_targets_unknown_item"], stats["test_targets_unknown_item"]
     return f" (+{val}/{test} of items outside the vocabulary)" if val or test else ""
+
+
+def _check_target_events(
+    sequences: pl.LazyFrame, vocab: Vocab, split: SplitSettings, name: str, events: int
+) -> None:
+    """Refuse ``data.split.target_behaviors`` of which the prepared log has no event at all,
+    naming the behaviours it has: no widening of the windows would give it a target."""
+    targets = split.target_behaviors
+    if not targets:
+        return
+    counts = sequences.select(pl.col(BEHAVIORS).explode()).group_by(BEHAVIORS).len().collect()
+    found = dict(counts.iter_rows())  # behaviour code -> events
+    codes = {b: NUM_RESERVED + i for i, b in enumerate(vocab.behaviors)}
+    has = {b: found[code] for b, code in codes.items() if code in found}
+    if any(b in has for b in targets):
+        return
+    raise ValueError(
+        f"{name}: none of the log's {events} events is one of data.split.target_behaviors="
+        f"{list(targets)} (it has {', '.join(f'{b}: {n}' for b, n in has.items())}), so there "
+        "is no validation or test target: name behaviours the log has, or null for every "
+        "behaviour (check data.behavior_aliases if the log names them otherwise)"
+    )
 
 
 def _fingerprint(

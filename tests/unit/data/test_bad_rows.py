@@ -261,6 +261,21 @@ def test_one_name_where_a_list_belongs_is_a_list_of_one(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_target_behaviours_the_log_lacks_are_named(tmp_path):
+    """A target behaviour with no event in the log (favourites on a log without any) left 0
+    validation and test targets, reported as "the log is too small or the windows too
+    narrow"; the message now says the log has none of them, and which behaviours it has."""
+    frame = generate_events(num_users=40, num_items=30, num_categories=3, seed=2)
+    behaviors = ["view", "click", "cart", "purchase", "fav"]
+    with pytest.raises(
+        ValueError,
+        match=r"none of the log's \d+ events is one of data.split.target_behaviors=\['fav'\] "
+        r"\(it has view: \d+, click: \d+, cart: \d+, purchase: \d+\)",
+    ):
+        rd.prepare(frame, tmp_path / "p", behaviors=behaviors, split={"target_behaviors": ["fav"]})
+    assert not (tmp_path / "p").exists()
+
+
 @pytest.mark.parametrize(
     ("options", "fix"),
     [
