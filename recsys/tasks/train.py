@@ -599,7 +599,8 @@ def check_target_behaviors(cfg: DictConfig) -> None:
 def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> None:
     """Refuse ``training.behavior_weights`` whose weighted behaviours no training target has
     (e.g. ``{fav: 1}`` on a log without favourites): the loss would be 0 at every step and
-    the "best" checkpoint an untrained model."""
+    the "best" checkpoint an untrained model. Weighted behaviours without a training target
+    beside others that have one are named in a warning: their weights train nothing."""
     if not cfg.training.get("behavior_weights"):
         return
     behaviors = datamodule.vocab.behaviors
@@ -616,6 +617,14 @@ def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> Non
             f"training.behavior_weights={dict(cfg.training.behavior_weights)} weighs "
             f"{wanted}, but no training target is one of them (the training window's targets "
             f"are {sorted(present)}): weigh behaviours the data has, or drop the setting"
+        )
+    if missing := [b for b in wanted if b not in present]:
+        log.warning(
+            "training.behavior_weights weighs %s, which no training target is: %s trains "
+            "nothing (the training window's targets are %s)",
+            missing,
+            "its weight" if len(missing) == 1 else "their weights",
+            sorted(present),
         )
 
 

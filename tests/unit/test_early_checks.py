@@ -322,34 +322,74 @@ def test_a_missing_item_table_is_named_as_data_items(make_config, tmp_path):
     assert not (tmp_path / "prepared").exists()
 
 
-def test_behavior_weights_on_behaviours_no_training_target_has_are_refused(make_config, tmp_path):
-    """{fav: 1} where favourites come only after the training window would train nothing
-    (loss 0 at every step) and still save a "best" checkpoint."""
+def favourites_after_training(path: Path) -> None:
+    """The tiny experiment's log plus 40 users' favourites, one in the validation and one in
+    the test window each (none in the training window), written to ``path``."""
     events = generate_events(num_users=150, num_items=120, num_categories=8, seed=42)
     last = events["timestamp"].max()
     later = events.group_by("user_id").agg(pl.all().last()).head(40)
-    favourites = later.with_columns(  # one validation and one test favourite each
+    favourites = later.with_columns(
         pl.lit("fav").alias("event_type"),
         pl.Series("timestamp", [last] * 40).dt.offset_by("1s"),
     )
     val = favourites.with_columns(pl.col("timestamp").dt.offset_by("-200h"))
-    log = tmp_path / "events.parquet"
-    pl.concat([events, val, favourites]).write_parquet(log)
-    weights = [
+    pl.concat([events, val, favourites]).write_parquet(path)
+
+
+def fav_log(path: Path) -> list[str]:
+    return [
         "data=events_file",
-        f"data.source={log}",
+        f"data.source={path}",
         "data.columns.category=category",
         "data.behaviors=[view,click,cart,purchase,fav]",
-        "data.split.target_behaviors=[fav]",
-        "+training.behavior_weights={fav: 1.0}",
         "trainer.max_epochs=1",
         "model.d_model=16",
         "model.num_layers=1",
+    ]
+
+
+def test_behavior_weights_on_behaviours_no_training_target_has_are_refused(make_config, tmp_path):
+    """{fav: 1} where favourites come only after the training window would train nothing
+    (loss 0 at every step) and still save a "best" checkpoint."""
+    log = tmp_path / "events.parquet"
+    favourites_after_training(log)
+    weights = [
+        *fav_log(log),
+        "data.split.target_behaviors=[fav]",
+        "+training.behavior_weights={fav: 1.0}",
     ]
     cfg = make_config("config", ["logger=none", *weights])
     with pytest.raises(ValueError, match=r"weighs \['fav'\], but no training target is one of"):
         train.run(cfg)
     assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))
+
+
+def test_a_weighted_behaviour_no_training_target_has_is_named_beside_others(
+    make_config, tmp_path, monkeypatch, caplog
+):
+    """{fav: 1, purchase: 1} where favourites come only after the training window trained
+    purchases alone, without a word, while favourites were validation and test targets."""
+    log = tmp_path / "events.parquet"
+    favourites_after_training(log)
+    overrides = [
+        *fav_log(log),
+        "data.split.target_behaviors=[fav,purchase]",
+        "+training.behavior_weights={fav: 1.0, purchase: 1.0}",
+    ]
+
+    class Checked(Exception):
+        pass
+
+    def checked(*args, **kwargs):
+        raise Checked
+
+    monkeypatch.setattr(train, "build_encoder", checked)  # the check comes before it
+    with caplog.at_level("WARNING", logger="recsys.tasks.train"), pytest.raises(Checked):
+        train.run(make_config("config", ["logger=none", *overrides]))
+    assert (
+        "training.behavior_weights weighs ['fav'], which no training target is: its weight "
+        "trains nothing (the training window's targets are ['cart', 'click', 'purchase', 'view'])"
+    ) in caplog.text
 
 
 def test_a_reused_prepared_folder_must_have_the_configured_item_table(make_config, tmp_path):
