@@ -118,6 +118,11 @@ log = logging.getLogger(__name__)
 SEQUENCES_FILE = "sequences.parquet"
 STATS_FILE = "stats.json"
 QUARANTINE_FILE = "quarantine.parquet"
+# The prepared folder's format: its files, their columns and types, what stats.json holds and
+# how the log's values become them (id types, text, the fingerprint). Raised with any change
+# after which a folder prepared before it would be read otherwise: load_stats refuses a folder
+# of another format (or of none: prepared before the format was recorded) by name.
+FORMAT_VERSION = 1
 # everything a prepared folder holds: the only files a new preparation may replace
 PREPARED_FILES = frozenset({SEQUENCES_FILE, STATS_FILE, QUARANTINE_FILE, *VOCAB_FILES.values()})
 _HASH = "_hash"
@@ -822,6 +827,7 @@ def _prepare(
 
     items_hash = _frame_digest(item_table.collect()) if item_table is not None else None
     stats = {
+        "format_version": FORMAT_VERSION,
         "source": name,
         "items_source": items_label,
         "item_columns": None if items is None else dict(item_columns or DEFAULT_ITEM_COLUMNS),
@@ -1157,11 +1163,29 @@ def load_stats(folder: str | Path) -> dict:
         problem = None if isinstance(stats, dict) else f"holds a {type(stats).__name__}"
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
         problem = f"is not JSON ({err})"
+    again = (
+        "prepare the log again into it (python -m pipelines.prepare "
+        f"data.prepared_dir={path.parent})"
+    )
     if problem is not None:
         raise DataError(
             f"{path} {problem}, not the statistics of a prepared dataset: the folder is "
-            "damaged; prepare the log again into it (python -m pipelines.prepare "
-            f"data.prepared_dir={path.parent})"
+            f"damaged; {again}"
+        )
+    version = stats.get("format_version")
+    if version != FORMAT_VERSION:
+        # ids, vocabulary files or the fingerprint may differ: read as this format, a folder
+        # of another gives a model trained on other data, or fails after its training
+        newer = isinstance(version, int) and version > FORMAT_VERSION
+        raise DataError(
+            f"{path.parent} was prepared "
+            + (
+                "by a version of recsys from before prepared folders recorded their format"
+                if version is None
+                else f"in format {version!r} (stats.json's format_version)"
+            )
+            + f"; this version of recsys reads format {FORMAT_VERSION} only: {again}"
+            + (", or read it with the newer recsys that prepared it" if newer else "")
         )
     return stats
 

@@ -66,12 +66,11 @@ def prepared(cfg: DictConfig) -> Path:
     ]
     items = cfg.data.get("items")
     sources = [("data.source", stats.get("source", ""), _source_name(cfg.data.source))]
-    if "items_source" in stats:  # (folders prepared before it was recorded: not compared)
-        items_now = None if items is None else _source_name(items)
-        sources.append(("data.items", stats["items_source"], items_now))
-        if items is not None and stats["item_columns"] is not None:
-            columns = {"item_columns": item_columns(cfg.data)}
-            differ += _flat_differences("data", {"item_columns": stats["item_columns"]}, columns)
+    items_now = None if items is None else _source_name(items)
+    sources.append(("data.items", stats["items_source"], items_now))
+    if items is not None and stats["item_columns"] is not None:
+        columns = {"item_columns": item_columns(cfg.data)}
+        differ += _flat_differences("data", {"item_columns": stats["item_columns"]}, columns)
     differ += [
         (key, was, now)
         for key, was, now in sources

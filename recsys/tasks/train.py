@@ -46,6 +46,7 @@ from recsys.config import (
 )
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.dataset import width_multiple
+from recsys.data.io import DataError
 from recsys.data.options import time_buckets
 from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
 from recsys.data.validate import check_number
@@ -743,11 +744,21 @@ def _prepared(cfg: DictConfig) -> Path:
     except ValueError:
         shutil.rmtree(trial, ignore_errors=True)
         raise
-    if final.exists():  # the same data (same fingerprint): keep the run's own folder
+    if final.exists() and _current(final):  # the same data (same fingerprint): keep it
         shutil.rmtree(trial, ignore_errors=True)
-    else:
+    else:  # (a folder of an earlier recsys's format: replaced by the same data in this one's)
+        shutil.rmtree(final, ignore_errors=True)
         trial.rename(final)
     return final
+
+
+def _current(prepared_dir: Path) -> bool:
+    """Whether ``prepared_dir`` is readable as this version's prepared folder."""
+    try:
+        load_stats(prepared_dir)
+    except DataError:
+        return False
+    return True
 
 
 def _check_fingerprint(target: tuple[str, Path, dict], fingerprint: str) -> None:

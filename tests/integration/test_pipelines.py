@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ import torch
 
 from recsys.checkpoint import load_checkpoint
 from recsys.data.io import DataError
-from recsys.data.pipeline import load_stats
+from recsys.data.pipeline import FORMAT_VERSION, STATS_FILE, load_stats
 from recsys.tasks import evaluate, main, prepare, score, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -807,6 +808,25 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
     scoring = last.parent / "scoring" / "model.ckpt"
     with pytest.raises(ValueError, match="is a scoring checkpoint .* cannot continue a training"):
         train.run(make_config("config", [*base, "trainer.max_epochs=4", f"resume={scoring}"]))
+
+
+def test_a_training_interrupted_before_an_upgrade_resumes_after_it(make_config):
+    """A run folder whose prepared data an earlier recsys wrote (no format recorded, which
+    this version refuses to read) is resumed: the log is prepared again for the fingerprint
+    check anyway, and that folder, the same data in this version's format, replaces it."""
+    base = [*TINY, "logger=none", "callbacks.early_stopping.patience=50"]
+    first = train.run(make_config("config", [*base, "trainer.max_epochs=1"]))
+    stats_file = first.checkpoint.parents[1] / "prepared" / STATS_FILE
+    stats = json.loads(stats_file.read_text())
+    del stats["format_version"]  # as prepared before the format was recorded
+    stats_file.write_text(json.dumps(stats))
+    resumed = train.run(make_config("config", [*base, "trainer.max_epochs=2", "resume=last"]))
+    assert [e["epoch"] for e in resumed.history] == [0.0, 1.0]
+    assert resumed.history[:1] == first.history
+    assert load_stats(stats_file.parent)["format_version"] == FORMAT_VERSION
+    assert {p.name for p in stats_file.parents[1].iterdir() if p.name.startswith(".")} == {
+        train.LOCK_FILE
+    }  # no staging folder left
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,11 @@ import pytest
 from polars.testing import assert_frame_equal
 
 import recsys.data.pipeline as pipeline_module
+from recsys.data import PreparedDataset
 from recsys.data.dataset import SequenceStore
 from recsys.data.io import DataError
 from recsys.data.pipeline import (
+    FORMAT_VERSION,
     QUARANTINE_FILE,
     SEQUENCES_FILE,
     STATS_FILE,
@@ -900,3 +902,37 @@ def test_a_damaged_stats_file_is_named_with_the_fix(tmp_path, content):
     with pytest.raises(DataError, match="prepare the log again") as info:
         load_stats(tmp_path)
     assert str(tmp_path / "stats.json") in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "version, says",
+    [
+        (None, "from before prepared folders recorded their format"),
+        (FORMAT_VERSION + 1, "or read it with the newer recsys that prepared it"),
+    ],
+    ids=["older", "newer"],
+)
+def test_a_folder_of_another_format_is_refused_by_name(tmp_path, version, says):
+    """A folder prepared by another version of recsys was read as if it were this one's: one
+    prepared before Int32 ids were prepared as Int64 trained a whole model, whose evaluation
+    then refused its own data ('prepared with another vocabulary', the same fingerprint on
+    both sides); one prepared before CSV categories were read as written (007 as 7.0) trained
+    on merged categories, silently. stats.json records the folder's format, and another (or
+    none) is refused, naming the folder and the fix, before anything reads it."""
+    out = tmp_path / "prep"
+    prepare(synthetic(), out)
+    stats = json.loads((out / STATS_FILE).read_text())
+    assert stats["format_version"] == FORMAT_VERSION
+    if version is None:
+        del stats["format_version"]
+    else:
+        stats["format_version"] = version
+    (out / STATS_FILE).write_text(json.dumps(stats))
+    with pytest.raises(DataError, match=says) as info:
+        load_stats(out)
+    fix = f"prepare the log again into it (python -m pipelines.prepare data.prepared_dir={out})"
+    assert f"{out} was prepared" in str(info.value) and fix in str(info.value)
+    with pytest.raises(DataError, match=says):
+        PreparedDataset.load(out)
+    prepare(synthetic(), out)  # the fix it names: prepared again, the folder is read
+    assert load_stats(out)["format_version"] == FORMAT_VERSION
