@@ -200,14 +200,16 @@ def unreadable(path: Path, err: Exception) -> str:
     return f"{type(err).__name__}: {first.strip()[:200]}"
 
 
+def saved_arguments(encoder_class: type, config: dict) -> dict:
+    """The encoder arguments a checkpoint's ``encoder_config`` stands for: those added to
+    ``encoder_class`` after it was written take the value its code had
+    (``ARGUMENTS_BEFORE_THEY_EXISTED``)."""
+    return {**getattr(encoder_class, "ARGUMENTS_BEFORE_THEY_EXISTED", {}), **config}
+
+
 def _rebuild(meta: dict, state_dict: dict, path: Path) -> LoadedModel:
     encoder_class = _encoder_class(meta["encoder_target"])
-    # arguments added after a checkpoint was written take the value its code had
-    config = {
-        **getattr(encoder_class, "ARGUMENTS_BEFORE_THEY_EXISTED", {}),
-        **meta["encoder_config"],
-    }
-    encoder = encoder_class(**config)
+    encoder = encoder_class(**saved_arguments(encoder_class, meta["encoder_config"]))
     prefix = "encoder."
     state = {k.removeprefix(prefix): v for k, v in state_dict.items() if k.startswith(prefix)}
     encoder.load_state_dict(state)

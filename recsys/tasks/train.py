@@ -33,6 +33,7 @@ from recsys.checkpoint import (
     checkpoint_extra,
     encoder_target,
     load_checkpoint,
+    saved_arguments,
     set_transition_prior_weight,
     unreadable,
     write_scoring_checkpoint,
@@ -787,12 +788,11 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
         return None
     value, path, saved = target
     _check_fingerprint(target, fingerprint)
-    changed = {
-        k: (saved["encoder_config"].get(k), v)
-        for k, v in dict(encoder.config).items()
-        if saved["encoder_config"].get(k) != v
-    }
     target_name = encoder_target(encoder)
+    config = saved["encoder_config"]
+    if saved["encoder_target"] == target_name:  # (an argument added since: as its code had it)
+        config = saved_arguments(type(encoder), config)
+    changed = {k: (config.get(k), v) for k, v in dict(encoder.config).items() if config.get(k) != v}
     if saved["encoder_target"] != target_name:
         changed["encoder"] = (saved["encoder_target"], target_name)
     if changed:

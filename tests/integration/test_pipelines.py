@@ -813,13 +813,20 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
 def test_a_training_interrupted_before_an_upgrade_resumes_after_it(make_config):
     """A run folder whose prepared data an earlier recsys wrote (no format recorded, which
     this version refuses to read) is resumed: the log is prepared again for the fingerprint
-    check anyway, and that folder, the same data in this version's format, replaces it."""
+    check anyway, and that folder, the same data in this version's format, replaces it. Its
+    last.ckpt, written before an encoder argument existed (query_time), holds the model that
+    argument's ARGUMENTS_BEFORE_THEY_EXISTED value builds, as load_checkpoint reads it: the
+    resume was refused as 'another model (query_time None -> True)'."""
     base = [*TINY, "logger=none", "callbacks.early_stopping.patience=50"]
     first = train.run(make_config("config", [*base, "trainer.max_epochs=1"]))
     stats_file = first.checkpoint.parents[1] / "prepared" / STATS_FILE
     stats = json.loads(stats_file.read_text())
     del stats["format_version"]  # as prepared before the format was recorded
     stats_file.write_text(json.dumps(stats))
+    last = first.checkpoint.parent / "last.ckpt"
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+    assert checkpoint["recsys"]["encoder_config"].pop("query_time") is True
+    torch.save(checkpoint, last)  # as saved before query_time existed
     resumed = train.run(make_config("config", [*base, "trainer.max_epochs=2", "resume=last"]))
     assert [e["epoch"] for e in resumed.history] == [0.0, 1.0]
     assert resumed.history[:1] == first.history
