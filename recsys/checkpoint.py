@@ -26,6 +26,11 @@ from recsys.retrieval.output import write_atomically
 from recsys.schema import EventSchema
 
 CHECKPOINT_KEY = "recsys"
+# The recsys entry's format (its format_version). One without it was written before it was
+# recorded and is read as it was (arguments added since: ARGUMENTS_BEFORE_THEY_EXISTED). Raised
+# with a change that the code before it would read wrongly (a key renamed, or read otherwise),
+# so that such code refuses a newer checkpoint by name instead of loading it as its own.
+FORMAT_VERSION = 1
 ALLOWED_PACKAGE = "recsys.model."  # checkpoints may only name encoder classes from here
 # what load_checkpoint reads from the recsys entry (the others are optional)
 REQUIRED_KEYS = (
@@ -138,6 +143,7 @@ def load_checkpoint(
             "use a checkpoint written by the train task"
         )
     meta = checkpoint[CHECKPOINT_KEY]
+    check_format(meta, path)
     # another version of recsys (a key renamed or added since), or a file damaged inside: the
     # rebuild would fail on the first missing key or argument with a bare KeyError / TypeError
     fix = (
@@ -157,6 +163,20 @@ def load_checkpoint(
             f"{path} cannot be loaded: its model ({meta.get('encoder_target')!r}) could not be "
             f"rebuilt from it ({type(err).__name__}: {first.strip()[:300]}); {fix}"
         ) from err
+
+
+def check_format(meta, path: Path, prefix: str = "") -> None:
+    """Refuse a checkpoint whose recsys entry ``meta`` is of another format than this version
+    writes (a newer recsys's): its keys may mean what this code does not know. Messages start
+    with ``prefix`` (``resume=last: ``)."""
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version is not None and version != FORMAT_VERSION:
+        raise ValueError(
+            f"{prefix}{path} is a checkpoint of format {version!r} (its {CHECKPOINT_KEY!r} "
+            f"entry's format_version), written by another version of recsys; this version "
+            f"reads format {FORMAT_VERSION}: load it with the recsys version that trained it, "
+            "or retrain with this one"
+        )
 
 
 def refuse_folder(path: Path, option: str) -> None:

@@ -29,6 +29,7 @@ from recsys import locks
 from recsys.checkpoint import (
     CHECKPOINT_KEY,
     LoadedModel,
+    check_format,
     check_loadable,
     checkpoint_extra,
     encoder_target,
@@ -706,6 +707,7 @@ def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:
     saved = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     if saved is None:
         raise ValueError(f"resume={value}: {path} is not a recsys training checkpoint")
+    check_format(saved, path, prefix=f"resume={value}: ")
     if "optimizer_states" not in checkpoint:
         raise ValueError(
             f"resume={value}: {path} is a scoring checkpoint (weights only, no optimiser or "

@@ -69,6 +69,7 @@ from torch import nn
 
 from recsys.allocation import cpu_chunk_length, table_chunk_length
 from recsys.checkpoint import CHECKPOINT_KEY, encoder_target
+from recsys.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
 from recsys.data.batch import SeqBatch
 from recsys.model.layers import _check_dropout
 from recsys.model.transition import TransitionCounts, TransitionPrior, check_prior_settings
@@ -850,6 +851,7 @@ class SeqRecModule(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = {
+            "format_version": CHECKPOINT_FORMAT,
             "encoder_target": encoder_target(self.encoder),
             "encoder_config": dict(self.encoder.config),
             **self.checkpoint_extra,

@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 import torch
 
+from recsys.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
 from recsys.checkpoint import load_checkpoint
 from recsys.data.io import DataError
 from recsys.data.pipeline import FORMAT_VERSION, STATS_FILE, load_stats
@@ -825,8 +826,14 @@ def test_a_training_interrupted_before_an_upgrade_resumes_after_it(make_config):
     stats_file.write_text(json.dumps(stats))
     last = first.checkpoint.parent / "last.ckpt"
     checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+    assert checkpoint["recsys"]["format_version"] == CHECKPOINT_FORMAT
+    newer = {**checkpoint, "recsys": {**checkpoint["recsys"], "format_version": 99}}
+    torch.save(newer, last)  # a newer recsys's checkpoint: refused before any work
+    with pytest.raises(ValueError, match=r"resume=last: .*last.ckpt is a checkpoint of format 99"):
+        train.run(make_config("config", [*base, "trainer.max_epochs=2", "resume=last"]))
+    del checkpoint["recsys"]["format_version"]
     assert checkpoint["recsys"]["encoder_config"].pop("query_time") is True
-    torch.save(checkpoint, last)  # as saved before query_time existed
+    torch.save(checkpoint, last)  # as saved before query_time (and the format) existed
     resumed = train.run(make_config("config", [*base, "trainer.max_epochs=2", "resume=last"]))
     assert [e["epoch"] for e in resumed.history] == [0.0, 1.0]
     assert resumed.history[:1] == first.history

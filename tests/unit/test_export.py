@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from recsys.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
 from recsys.checkpoint import checkpoint_extra, load_checkpoint, write_scoring_checkpoint
 from recsys.data.batch import SeqBatch
 from recsys.data.sequences import TimeBuckets
@@ -512,6 +513,25 @@ def test_a_checkpoint_of_another_layout_is_named_not_a_key_error(tmp_path, damag
         load_checkpoint(path)
     assert str(path) in str(info.value)
     assert "retrain" in str(info.value)
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_not_read_as_this_versions(tmp_path):
+    """A checkpoint's recsys entry carries its format: one a newer recsys wrote (a key renamed,
+    or one read otherwise there) loaded as if this version had written it, its keys read as
+    this code reads them; now it is refused, naming the file, both formats and the fix."""
+    encoder = make_encoder("atrank")
+    path = write_checkpoint(encoder, encoder.config, tmp_path / "model.ckpt")
+    assert load_checkpoint(path).encoder.config == encoder.config  # no format: an older one
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["recsys"]["format_version"] = CHECKPOINT_FORMAT
+    torch.save(checkpoint, path)
+    assert load_checkpoint(path).encoder.config == encoder.config
+    checkpoint["recsys"]["format_version"] = CHECKPOINT_FORMAT + 1
+    torch.save(checkpoint, path)
+    with pytest.raises(ValueError, match=f"of format {CHECKPOINT_FORMAT + 1}") as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value)
+    assert f"reads format {CHECKPOINT_FORMAT}: load it with the recsys version" in str(info.value)
 
 
 @pytest.mark.parametrize(
