@@ -63,6 +63,7 @@ from recsys.tracking import Tracker, check_registry, flatten, load_model, use_tr
 from recsys.training.callbacks import (
     CheckMonitors,
     EpochLog,
+    MovedRunFolder,
     RandomStreams,
     StopOnDivergence,
     TrainingClock,
@@ -1259,6 +1260,7 @@ def _run(
                     EpochLog(callbacks.get("model_checkpoint")),
                     CheckMonitors(monitors),
                     RandomStreams(),
+                    MovedRunFolder(),
                     StopOnDivergence(divergence_settings(cfg)),
                 ],
             )

@@ -7,6 +7,7 @@ import math
 import random
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import pytorch_lightning as pl
@@ -141,6 +142,41 @@ class EpochLog(pl.Callback):
             shown = "" if best is None else f" (best {float(best):.4f})"
             parts.append(f"{monitor} {float(metrics[monitor]):.4f}{shown}")
         log.info(", ".join(parts))
+
+
+class MovedRunFolder(pl.Callback):
+    """Resuming in a run folder that was moved or copied (restored from a backup onto another
+    disk): the checkpoint's ModelCheckpoint states name the folder it was written in, and
+    Lightning, finding another ``dirpath``, keeps only ``best_model_path`` of them. The
+    continued training then took its first epoch for the best whatever its score, and wrote
+    ``best-v1.ckpt`` and ``last-v1.ckpt`` beside the run's ``best.ckpt`` and ``last.ckpt`` (a
+    later ``resume=last`` read the stale ``last.ckpt``). Before Lightning reads them, the
+    states' paths in the old folder are named in this one, so the run continues as it would
+    have where it was written."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        states = checkpoint.get("callbacks") or {}
+        moves = set()
+        for callback in trainer.checkpoint_callbacks:
+            state = states.get(callback.state_key)
+            old = state.get("dirpath") if isinstance(state, dict) else None
+            if old is None or callback.dirpath is None or old == callback.dirpath:
+                continue
+            new = callback.dirpath
+
+            def moved(path, old=old, new=new):
+                inside = path and Path(path).is_relative_to(old)
+                return str(Path(new) / Path(path).relative_to(old)) if inside else path
+
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                if key in state:
+                    state[key] = moved(state[key])
+            if isinstance(state.get("best_k_models"), dict):
+                state["best_k_models"] = {moved(k): v for k, v in state["best_k_models"].items()}
+            state["dirpath"] = new
+            moves.add((old, new))
+        for old, new in sorted(moves):
+            log.info("resuming in %s what was written in %s (a moved or copied run)", new, old)
 
 
 class RandomStreams(pl.Callback):

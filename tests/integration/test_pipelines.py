@@ -811,6 +811,28 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
         train.run(make_config("config", [*base, "trainer.max_epochs=4", f"resume={scoring}"]))
 
 
+def test_a_run_folder_moved_before_its_resume_continues_its_own_checkpoints(make_config, tmp_path):
+    """A run folder copied elsewhere (restored from a backup onto another disk) and resumed
+    there: Lightning, its checkpoint's dirpath being the old folder's, dropped the best score
+    so far and wrote best-v1.ckpt and last-v1.ckpt beside best.ckpt and last.ckpt (the next
+    resume=last read the stale last.ckpt); it continues as in its own folder now."""
+    import shutil
+
+    base = [*TINY, "logger=none", "callbacks.early_stopping.patience=50"]
+    first = train.run(make_config("config", [*base, "trainer.max_epochs=1"]))
+    moved = tmp_path / "restored" / "run"
+    shutil.copytree(first.checkpoint.parents[1], moved)
+    again = [*base, "trainer.max_epochs=2", "resume=last", f"paths.run_dir={moved}"]
+    resumed = train.run(make_config("config", again))
+    checkpoints = moved / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt", "scoring"]
+    assert resumed.checkpoint == checkpoints / "best.ckpt"
+    assert resumed.history[:1] == first.history
+    best = max(e["val/ndcg_at_10"] for e in resumed.history)
+    assert resumed.best_val["best/val_ndcg_at_10"] == pytest.approx(best)
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["epoch"] == 1
+
+
 def test_a_training_interrupted_before_an_upgrade_resumes_after_it(make_config):
     """A run folder whose prepared data an earlier recsys wrote (no format recorded, which
     this version refuses to read) is resumed: the log is prepared again for the fingerprint
