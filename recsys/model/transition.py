@@ -72,10 +72,12 @@ class TransitionCounts:
         train_end: np.ndarray,
         num_items: int,
         window: int = 1,
+        ends: np.ndarray | None = None,
     ) -> TransitionCounts:
         """Count the pairs inside each user's training events at most ``window`` events apart
         (1: consecutive), each distance once: ``a b c`` with window 2 counts a -> b, b -> c
-        and a -> c.
+        and a -> c. ``ends`` (N,) bool, when given: the events a pair may end in (those of the
+        behaviours evaluated as targets, e.g. purchases); every event still starts pairs.
 
         ``item`` (N,) holds every user's encoded events back to back, user ``u`` at
         ``offsets[u]:offsets[u+1]``, of which the first ``train_end[u]`` are training events
@@ -90,7 +92,10 @@ class TransitionCounts:
         keys, counts = [], []
         for distance in range(1, min(window, max(len(item) - 1, 1)) + 1):
             head = len(item) - distance
-            pair = np.flatnonzero(position[:head] + distance < limit[:head])  # both training
+            both_training = position[:head] + distance < limit[:head]
+            if ends is not None:
+                both_training &= ends[distance:]
+            pair = np.flatnonzero(both_training)
             source = item[pair].astype(np.int64)
             key, count = np.unique(source * num_items + item[pair + distance], return_counts=True)
             keys.append(key)

@@ -2,7 +2,8 @@
 
 The baselines are popularity and the first-order transition model (PROTOCOLS.md's trivial
 baselines, :mod:`recsys.model.transition`), both fitted on the training events of the same
-prepared data. All three go through the same metric code as validation
+prepared data (of the evaluated behaviours only, with ``data.split.target_behaviors``:
+:func:`baseline_counts`). All three go through the same metric code as validation
 (:meth:`SeqRecModule.evaluation_metrics`). Metrics are logged as ``test/<metric>``,
 ``test/popularity_<metric>`` and ``test/transition_<metric>`` (likewise ``val/``), with the
 protocol as run tags.
@@ -33,7 +34,7 @@ from recsys.model.transition import (
     check_prior_settings,
 )
 from recsys.retrieval.output import write_atomically
-from recsys.schema import ITEM
+from recsys.schema import ITEM, NUM_RESERVED
 from recsys.tasks import prepare
 from recsys.tasks.train import (
     check_evaluated_targets,
@@ -109,6 +110,32 @@ def _evaluation_module(
         **data_arguments(vocab, stats),
         **overrides,
     )
+
+
+def baseline_counts(
+    datamodule: SeqRecDataModule, transitions: TransitionCounts
+) -> tuple[list[int], TransitionCounts]:
+    """The baselines' counts: each item's training events (popularity) and the first-order
+    item pairs (``transitions``, of every event). With ``data.split.target_behaviors`` (e.g.
+    [purchase]) an item counts its training events of those behaviours only, and a pair only
+    when its second event is one: the baselines then predict what is evaluated (the next
+    purchase by the items most purchased, not most viewed), as the model is trained to."""
+    targets = (datamodule.stats.get("split") or {}).get("target_behaviors")
+    vocab = datamodule.vocab
+    if not targets:
+        return vocab.item_train_counts(), transitions
+    store = datamodule.store
+    codes = [NUM_RESERVED + vocab.behaviors.index(b) for b in targets if b in vocab.behaviors]
+    ends = np.isin(store.behavior, codes)
+    lengths = np.diff(store.offsets)
+    position = np.arange(len(store.item)) - np.repeat(store.offsets[:-1], lengths)
+    counted = ends & (position < np.repeat(store.train_end, lengths))
+    counts = np.bincount(store.item[counted], minlength=vocab.num_items)
+    counts[:NUM_RESERVED] = 0  # PAD and UNK: never recommended
+    pairs = TransitionCounts.from_sequences(
+        store.item, store.offsets, store.train_end, vocab.num_items, ends=ends
+    )
+    return counts.tolist(), pairs
 
 
 # the weights training.transition_prior=auto tries on validation (0: the model alone)
@@ -337,10 +364,10 @@ def run(
             'beside them (README "Scheduled retraining")'
         )
     datamodule.setup()
-    train_counts = model.vocab.item_train_counts()
     stats = datamodule.stats
-    transitions = store_transitions(datamodule)  # the first-order baseline's
+    transitions = store_transitions(datamodule)  # the first-order prior's
     prior, prior_metrics = _model_prior(cfg, model, datamodule, transitions, device)
+    train_counts, transitions = baseline_counts(datamodule, transitions)
     candidates = {
         "": _evaluation_module(cfg, model.encoder, model.vocab, stats, **prior_arguments(prior)),
         # one stage: popularity has nothing to re-rank with
