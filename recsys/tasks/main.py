@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from recsys.config import check_required, event_schema, sweep_tags
+from recsys.config import check_required, event_schema, prepare_settings, sweep_tags
 from recsys.retrieval.output import holds_output
 from recsys.tasks import evaluate, score, train
 from recsys.tracking import use_tracker
@@ -60,9 +60,28 @@ def follow_trained_rerank(cfg: DictConfig) -> None:
         )
 
 
+def follow_evaluated_target(cfg: DictConfig) -> None:
+    """The main job's recommendations are for what it evaluates: with
+    ``data.split.target_behaviors`` naming one behaviour (``[purchase]``) and no
+    ``retrieval.rules.target_behavior``, scoring ranks for that behaviour, so its cold-start
+    fallback counts that behaviour's events, as the test metrics and the baselines do (before,
+    the fallback for a next-purchase model recommended the most viewed items)."""
+    targets = prepare_settings(cfg.data).split.target_behaviors
+    rules = cfg.retrieval.get("rules")
+    if targets and len(targets) == 1 and rules is not None and not rules.get("target_behavior"):
+        rules.target_behavior = targets[0]
+        log.info(
+            "retrieval.rules.target_behavior=%s, as data.split.target_behaviors: the "
+            "cold-start fallback counts %s events, as the test metrics' targets are",
+            targets[0],
+            targets[0],
+        )
+
+
 def _run(cfg: DictConfig) -> MainResult:
     train.check_run_folder(cfg)  # before the MLflow run opens: a refusal leaves no run
     follow_trained_rerank(cfg)
+    follow_evaluated_target(cfg)
     check_config(cfg)
     # a resumed training continues its MLflow run, and so does the rest of the job
     run_settings = {"run_name": cfg.task_name, "continue_run_id": train.resumed_run_id(cfg)}

@@ -667,6 +667,29 @@ def test_the_main_job_scores_as_deep_as_it_evaluates(make_config, overrides, exp
 
 
 @pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["data.split.target_behaviors=[purchase]"], "purchase"),  # next purchase: its fallback
+        (
+            ["data.split.target_behaviors=[purchase]", "retrieval.rules.target_behavior=cart"],
+            "cart",
+        ),
+        (["data.split.target_behaviors=[cart,purchase]"], None),  # two: neither chosen
+        ([], None),
+    ],
+)
+def test_the_main_job_scores_for_the_behaviour_it_evaluates(make_config, overrides, expected):
+    """A main job evaluated on next purchases wrote recommendations whose cold-start fallback
+    counted every behaviour's events (the most viewed items): its scoring now ranks for the
+    one behaviour the split evaluates, unless retrieval.rules.target_behavior says otherwise."""
+    from recsys.tasks import main
+
+    cfg = make_config("config", ["logger=none", *overrides])
+    main.follow_evaluated_target(cfg)
+    assert cfg.retrieval.rules.target_behavior == expected
+
+
+@pytest.mark.parametrize(
     ("overrides", "warned"),
     [
         (["training.objective=target_attention", "training.loss=bce"], True),
