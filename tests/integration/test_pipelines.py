@@ -710,7 +710,7 @@ def test_a_finished_main_job_resumed_with_more_epochs_replaces_its_own_recommend
     monkeypatch.setattr(train, "run", real_training)
     other.retrieval.output.overwrite = True  # replaced once the new ones are written
     assert main.run(other).recommendations == first.recommendations
-    assert (first.recommendations / "_manifest.json").read_text() not in (kept, manifest)
+    assert (first.recommendations / "_manifest.json").read_text() != kept  # the 2-epoch model's
 
 
 @pytest.mark.parametrize(
