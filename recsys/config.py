@@ -226,10 +226,14 @@ def _sweep_job_config(loader: Any, sweep: DictConfig, job: list[str], number: in
 def check_required(cfg: DictConfig, *, model_given: bool = False) -> None:
     """Refuse a config whose mandatory values (``???``: ``data.source`` of ``data=events_file``,
     ``model=`` of score / evaluate) are not set, naming each and how to give it, before any
-    work: OmegaConf would otherwise stop the job midway with ``MissingMandatoryValue``.
+    work: OmegaConf would otherwise stop the job midway with ``MissingMandatoryValue``. So are
+    keys nothing would read: a misspelt top-level key, or ``logger`` key (every task has one).
     ``model_given``: the caller passes the checkpoint itself (``model=`` is not read)."""
+    from recsys.tracking import check_logger_keys
+
     plain = OmegaConf.to_container(cfg, resolve=False)
     check_top_level_keys(plain)
+    check_logger_keys(plain.get("logger"))
     missing = [key for key in _missing_keys(plain) if not (model_given and key == "model_ref")]
     if missing:
         given = "; ".join(REQUIRED.get(key, f"{key}=...") for key in missing)

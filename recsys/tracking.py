@@ -351,6 +351,27 @@ def _note_artifact_root(experiment: Any, artifact_root: str) -> None:
         )
 
 
+# the keys of the logger config group (conf/logger/)
+LOGGER_KEYS = (
+    "enabled",
+    "tracking_uri",
+    "artifact_root",
+    "experiment_name",
+    "registered_model_name",
+    "model_alias",
+)
+
+
+def check_logger_keys(logger_cfg: Mapping[str, Any] | None) -> None:
+    """No unknown key in the ``logger`` group: a misspelt one (``+logger.experiment=x`` for
+    ``experiment_name``) was ignored with tracking off, and with it on reached :class:`Tracker`
+    as an unexpected argument only when the job opened its run (after a training's data was
+    prepared, after a scoring had written its output)."""
+    unknown = sorted(set(logger_cfg or {}) - set(LOGGER_KEYS))
+    if unknown:
+        raise ValueError(f"logger has unknown keys {unknown}; allowed: {list(LOGGER_KEYS)}")
+
+
 def check_registry(logger_cfg: Mapping[str, Any] | None) -> None:
     """``logger.registered_model_name`` and ``logger.model_alias`` checked before a training,
     by MLflow's rules (and ``@``, which would split ``model=<name>@<alias>`` in the wrong

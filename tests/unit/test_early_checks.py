@@ -617,6 +617,26 @@ def test_a_top_level_key_added_by_mistake_is_refused_naming_the_one_meant(
         check_required(make_config(config, ["logger=none", override]), model_given=True)
 
 
+@pytest.mark.parametrize("config", ["config", "score", "evaluate"])
+@pytest.mark.parametrize("logger", ["logger=mlflow", "logger=none"])
+def test_a_misspelt_logger_key_is_refused_before_any_work(make_config, config, logger):
+    """``+logger.experiment=x`` (for ``experiment_name``) was ignored with tracking off; with it
+    on, a training prepared its data and a scoring wrote its output before the run opened and
+    failed on ``Tracker.__init__() got an unexpected keyword argument 'experiment'``."""
+    from recsys.config import check_required
+
+    cfg = make_config(config, [logger, "+logger.experiment=x"])
+    with pytest.raises(ValueError, match=r"^logger has unknown keys \['experiment'\]; allowed: "):
+        check_required(cfg, model_given=True)
+
+
+def test_a_training_with_a_misspelt_logger_key_prepares_nothing(make_config, monkeypatch):
+    monkeypatch.setattr(prepare, "run", lambda *a, **k: pytest.fail("prepared before checking"))
+    cfg = make_config("config", ["experiment=tiny", "+logger.registered_model=recsys"])
+    with pytest.raises(ValueError, match=r"unknown keys \['registered_model'\]"):
+        train.run(cfg)
+
+
 def test_a_top_level_key_of_the_users_own_passes(make_config):
     """A new key far from recsys' names (kept for an interpolation) is not refused."""
     from recsys.config import check_required
