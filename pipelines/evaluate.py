@@ -14,7 +14,7 @@ from recsys.tasks import evaluate
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def entry(cfg: DictConfig):
-    with recsys.config.failure_logged(cfg):
+    with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
         return evaluate.run(cfg)
 
 

@@ -14,7 +14,7 @@ from recsys.tasks import prepare
 def entry(cfg: DictConfig):
     if cfg.task_name == "main":  # the main job's config, run as this pipeline (its log line
         cfg.task_name = "prepare"  # "prepare job failed"), unless task_name=... names it
-    with recsys.config.failure_logged(cfg):
+    with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
         return prepare.run(cfg)
 
 

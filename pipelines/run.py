@@ -12,7 +12,7 @@ from recsys.tasks import evaluate, main
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def entry(cfg: DictConfig) -> float:
-    with recsys.config.failure_logged(cfg):
+    with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
         result = main.run(cfg)
     print(f"recommendations: {result.recommendations}")
     print(f"checkpoint:      {result.checkpoint}")

@@ -14,7 +14,7 @@ from recsys.tasks import train
 def entry(cfg: DictConfig):
     if cfg.task_name == "main":  # the main job's config, run as this pipeline (MLflow run
         cfg.task_name = "train"  # name, tag), unless task_name=... names the runs otherwise
-    with recsys.config.failure_logged(cfg):
+    with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
         return train.run(cfg)
 
 

@@ -79,6 +79,32 @@ def failure_logged(cfg: DictConfig) -> Iterator[None]:
         raise
 
 
+@contextmanager
+def launch_directory() -> Iterator[None]:
+    """Around a pipeline's work: with ``hydra.job.chdir=true`` (Hydra has moved the process into
+    the run folder), work from the folder the job was started in, as without it. Relative paths
+    (``data.source=events.parquet``, ``model=<checkpoint>``, a loader's ``path``) mean that
+    folder, as ``${abspath:}`` does for ``paths.output_dir``; they were looked for in the run
+    folder and not found. Everything a job writes goes to its run folder either way."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or not HydraConfig.get().job.chdir:
+        yield
+        return
+    here, launch = os.getcwd(), HydraConfig.get().runtime.cwd
+    logging.getLogger("pipelines").info(
+        "hydra.job.chdir=true: the job works from %s, where it was started (relative paths "
+        "are read from there); it writes into its run folder %s as without it",
+        launch,
+        here,
+    )
+    os.chdir(launch)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
 class GuardRunFolder(Callback):
     """Hydra callback: refuse a training whose ``hydra.run.dir`` holds a finished training
     (its checkpoints) unless ``resume`` continues it, before Hydra writes its ``.hydra/``

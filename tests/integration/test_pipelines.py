@@ -1137,6 +1137,35 @@ def test_output_folder_stays_at_the_launch_directory_with_hydra_job_chdir(tmp_pa
         HydraConfig.instance().cfg = None
 
 
+def test_relative_paths_are_read_from_the_launch_directory_with_hydra_job_chdir(tmp_path):
+    """hydra.job.chdir=true: a relative data.source is read from the folder the job was started
+    in (it was looked for in the run folder: "event log events.parquet does not exist"), and
+    the prepared data still goes to the run folder."""
+    from recsys.data.synthetic import generate_events
+
+    generate_events(num_users=60, num_items=40, num_categories=4, seed=3).write_parquet(
+        tmp_path / "events.parquet"
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.prepare",
+        "data=events_file",
+        "data.source=events.parquet",
+        "data.split.method=leave_one_out",
+        "logger=none",
+        "hydra.job.chdir=true",
+        "hydra.run.dir=night",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "night" / "prepared" / "sequences.parquet").is_file()
+    assert f"the job works from {tmp_path}, where it was started" in done.stdout
+
+
 def test_attribute_loss_trains_and_evaluates_beside_the_baselines(make_config):
     """training.attribute_loss_weight through the real tasks: the checkpoint records it, and
     the evaluation (whose popularity and transition baselines have no attributes) runs."""
