@@ -1137,6 +1137,29 @@ def test_output_folder_stays_at_the_launch_directory_with_hydra_job_chdir(tmp_pa
         HydraConfig.instance().cfg = None
 
 
+@pytest.mark.parametrize(
+    ("pipeline", "says"),
+    [
+        ("pipelines.train", "pipelines.train    prepare (or reuse data.prepared_dir=<folder>)"),
+        ("pipelines.score", "model= names the trained model to load, not an option\nof the model"),
+        ("pipelines.evaluate", "as +experiment=<name> (with the +)"),
+    ],
+)
+def test_help_says_what_the_pipeline_does_and_how_to_name_its_model(tmp_path, pipeline, says):
+    """--help began "train is powered by Hydra" and, for score and evaluate, listed the model
+    group's architectures (atrank, sasrec, ...) as the choices of model=, which there names the
+    model to load (model=sasrec: "names an MLflow run or registered model"). It creates
+    nothing."""
+    command = [sys.executable, "-m", pipeline, "--help"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(f"python -m {pipeline} ")
+    assert says in done.stdout
+    assert "== Configuration groups ==" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_relative_paths_are_read_from_the_launch_directory_with_hydra_job_chdir(tmp_path):
     """hydra.job.chdir=true: a relative data.source is read from the folder the job was started
     in (it was looked for in the run folder: "event log events.parquet does not exist"), and
