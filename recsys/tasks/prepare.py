@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from recsys.config import check_required, event_schema, item_columns, prepare_settings
-from recsys.data.pipeline import load_stats, prepare_dataset
+from recsys.data.pipeline import STATS_FILE, load_stats, prepare_dataset
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,14 @@ def prepared(cfg: DictConfig) -> Path:
     if not cfg.data.prepared_dir:
         return run(cfg)
     folder = Path(cfg.data.prepared_dir)
-    stats = load_stats(folder)
+    try:
+        stats = load_stats(folder)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(
+            f"data.prepared_dir={folder} holds no prepared dataset (no {STATS_FILE}): prepare it "
+            f"first (python -m pipelines.prepare data.prepared_dir={folder}, with this job's "
+            "data settings), or drop data.prepared_dir to prepare into the run folder"
+        ) from err
     config = {**prepare_settings(cfg.data).to_dict(), **event_schema(cfg.data).to_dict()}
     config = json.loads(json.dumps(config, default=str))  # as stats.json holds it
     folder_settings = {**stats.get("settings", {}), **stats.get("schema", {})}

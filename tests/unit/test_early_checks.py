@@ -209,6 +209,17 @@ def test_the_prepare_pipeline_writes_into_data_prepared_dir(make_config, tmp_pat
     assert prepare.prepared(cfg) == folder  # the training's reuse finds it as prepared
 
 
+def test_a_prepared_dir_that_holds_no_prepared_data_is_named_with_the_fix(make_config, tmp_path):
+    """``data.prepared_dir=<a folder not prepared yet>`` said only "<folder>/stats.json not
+    found: run the prepare step first", naming neither the option nor the command."""
+    folder = tmp_path / "not-yet"
+    cfg = make_config("config", ["experiment=tiny", "logger=none", f"data.prepared_dir={folder}"])
+    fix = f"python -m pipelines.prepare data.prepared_dir={folder}, with this job's data"
+    with pytest.raises(FileNotFoundError, match=rf"^data.prepared_dir={folder} holds no") as info:
+        train.run(cfg)
+    assert fix in str(info.value)
+
+
 def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_path):
     """``data.prepared_dir`` with a data override the folder was not prepared with is refused
     (the override would be logged as a run parameter while the folder's settings apply)."""
