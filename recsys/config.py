@@ -139,10 +139,11 @@ def held_training(run_dir: Path) -> str | None:
 class CheckSweep(Callback):
     """Hydra callback: before the first job of a ``-m`` sweep starts, compose every job's
     config and check it as the job itself would before any work (:func:`recsys.tasks.main.
-    check_config`, :func:`recsys.tasks.train.check_config`), so that one bad value
+    check_config`, :func:`recsys.tasks.train.check_config`, :func:`recsys.tasks.prepare.
+    check_config`), so that one bad value
     (``model.num_heads=2,0``) stops the sweep at once, naming the job, instead of after the
     jobs before it have trained. Only Hydra's basic sweeper's jobs can be listed in advance;
-    only the jobs that train are checked."""
+    only the jobs that train or prepare are checked."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -150,9 +151,14 @@ class CheckSweep(Callback):
         from hydra.core.hydra_config import HydraConfig
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from recsys.tasks import main, train
+        from recsys.tasks import main, prepare, train
 
-        check = {"run": main.check_config, "train": train.check_config}.get(config.hydra.job.name)
+        name = config.hydra.job.name
+        check = {
+            "run": main.check_config,
+            "train": train.check_config,
+            "prepare": prepare.check_config,
+        }.get(name)
         if check is None or not str(config.hydra.sweeper.get("_target_", "")).endswith(
             "BasicSweeper"
         ):
@@ -168,7 +174,12 @@ class CheckSweep(Callback):
             for number, job in enumerate(jobs):
                 try:
                     task = _sweep_job_config(loader, config, list(job), number)
-                    held = None if task.get("resume") else held_training(Path(task.paths.run_dir))
+                    trains = name != "prepare"
+                    held = (
+                        trains
+                        and not task.get("resume")
+                        and held_training(Path(task.paths.run_dir))
+                    )
                     if held:  # before Hydra rewrites the earlier sweep's records there
                         raise FileExistsError(
                             f"its folder {task.paths.run_dir} already holds a training ({held}):"
@@ -178,8 +189,10 @@ class CheckSweep(Callback):
                     check(task)
                     _check_sweep_inputs(task)
                     outputs = {"paths.run_dir": task.paths.run_dir}
-                    if config.hydra.job.name == "run":
+                    if name == "run":
                         outputs["retrieval.output.path"] = task.retrieval.output.path
+                    if not trains and task.data.get("prepared_dir"):  # else in paths.run_dir
+                        outputs["data.prepared_dir"] = task.data.prepared_dir
                     for option, folder in outputs.items():
                         folder = os.path.abspath(str(folder))
                         if folder in writers:

@@ -156,6 +156,14 @@ def _flat_differences(prefix: str, was: Any, now: Any) -> Iterator[tuple[str, An
         yield prefix, was, now
 
 
+def check_config(cfg: DictConfig) -> None:
+    """A preparation's config checks that need no data, for each job of a ``-m`` sweep before
+    the first starts (:class:`recsys.config.CheckSweep`), as a training's are."""
+    check_required(cfg)
+    event_schema(cfg.data)
+    prepare_settings(cfg.data)
+
+
 def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
     """Prepare ``data.source`` into ``out_dir`` (default: ``data.prepared_dir`` when set, as
     ``python -m pipelines.prepare data.prepared_dir=<folder>`` makes the folder that

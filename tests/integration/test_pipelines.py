@@ -1434,6 +1434,16 @@ def test_cli_overrides_and_multirun_sweep(tmp_path):
             ["retrieval.output.path={configs}/recs", "model.num_heads=1,2"],
             "job 1 of the sweep's 2 (retrieval.output.path=",
         ),
+        (  # one prepared folder for every job: job 1's data silently replaced job 0's
+            "pipelines.prepare",
+            ["data.prepared_dir={configs}/prepared", "data.min_user_events=2,3"],
+            "job 1 of the sweep's 2 (data.prepared_dir=",
+        ),
+        (
+            "pipelines.prepare",
+            ["data.min_user_events=2,0"],
+            "data.min_user_events=0 must be an integer >= 1. No job was run",
+        ),
     ],
 )
 def test_a_sweep_with_one_bad_value_stops_before_any_job_runs(tmp_path, pipeline, sweep, expected):
