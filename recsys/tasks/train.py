@@ -1093,6 +1093,9 @@ LIGHTNING_WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
 )
 WORKERS_WARNING = r"The '\w+' does not have many workers"
+# a resumed training's checkpoint folder holds its own checkpoints (a new training into a folder
+# that holds some is refused: check_run_folder), which Lightning warns of as if by accident
+RESUME_WARNING = r"Checkpoint directory .* exists and is not empty"
 LIGHTNING_TIP = "\N{ELECTRIC LIGHT BULB} Tip:"  # advertisements (litlogger, litmodels)
 
 
@@ -1102,14 +1105,18 @@ class _DropTips(logging.Filter):
 
 
 @contextmanager
-def lightning_notices_filtered(*, num_workers: int) -> Iterator[None]:
+def lightning_notices_filtered(*, num_workers: int, resuming: bool = False) -> Iterator[None]:
     """Around building the Trainer and fitting: Lightning's warnings that do not apply to a
     recsys training (:data:`LIGHTNING_WARNINGS`, :data:`WORKERS_WARNING` when
-    ``num_workers`` is 0) and its "Tip:" advertisements are dropped; any other warning or
-    line of Lightning's is shown as before."""
+    ``num_workers`` is 0, :data:`RESUME_WARNING` when ``resuming``) and its "Tip:"
+    advertisements are dropped; any other warning or line of Lightning's is shown as before."""
     rank_zero = logging.getLogger("pytorch_lightning.utilities.rank_zero")
     tips = _DropTips()
-    patterns = [*LIGHTNING_WARNINGS, *([WORKERS_WARNING] if num_workers == 0 else [])]
+    patterns = [
+        *LIGHTNING_WARNINGS,
+        *([WORKERS_WARNING] if num_workers == 0 else []),
+        *([RESUME_WARNING] if resuming else []),
+    ]
     rank_zero.addFilter(tips)
     try:
         with warnings.catch_warnings():
@@ -1266,7 +1273,7 @@ def _run(
             )
         ctrl_c = signal.getsignal(signal.SIGINT)  # Lightning leaves Ctrl-C ignored after one
         try:
-            with lightning_notices_filtered(num_workers=workers):
+            with lightning_notices_filtered(num_workers=workers, resuming=resume is not None):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
         except SIGTERMException as err:  # Lightning's SystemExit() would end the job with 0
             raise SystemExit(128 + signal.SIGTERM) from err  # a scheduler must see the kill

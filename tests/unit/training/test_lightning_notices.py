@@ -47,6 +47,19 @@ def test_only_the_named_warnings_are_dropped():
     assert [str(w.message) for w in caught] == ["something else", workers]
 
 
+def test_a_resumed_trainings_own_checkpoints_are_not_warned_of():
+    """``resume=last`` showed Lightning's "Checkpoint directory ... exists and is not empty"
+    on every resume: the folder holds the run's own checkpoints, which it continues."""
+    folder = "Checkpoint directory /runs/a/checkpoints exists and is not empty."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with lightning_notices_filtered(num_workers=0, resuming=True):
+            warnings.warn(folder, UserWarning, stacklevel=1)
+        with lightning_notices_filtered(num_workers=0):  # not resuming: someone else's files
+            warnings.warn(folder, UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == [folder]
+
+
 def test_a_tracked_training_on_many_cores_shows_no_inapplicable_notice(
     make_config, monkeypatch, lightning_lines
 ):
