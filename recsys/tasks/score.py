@@ -381,8 +381,8 @@ def run(
                 recommendable=int((~recommender.blocked).sum()),
             )
             counts = summary.pop("_counts")
-            summary_path = output.staging / SUMMARY_FILE
-            summary_path.write_text(json.dumps(summary, indent=2))
+            text = json.dumps(summary, indent=2)
+            output.write_extra(SUMMARY_FILE, lambda path: Path(path).write_text(text))
             plot({**summary, "_counts": counts}, output.staging / PLOTS_FOLDER)
             output.commit()
     finally:
