@@ -25,7 +25,7 @@ import polars as pl
 
 from recsys.data.io import DataError
 from recsys.data.validate import ATTRIBUTE_SEPARATOR, LOCAL, attribute_sets
-from recsys.schema import ATTRIBUTES, ITEM, NUM_RESERVED, PAD_IDX, UNK_IDX
+from recsys.schema import ATTRIBUTES, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, UNK_IDX
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,27 @@ _COLUMNS = {  # what Vocab.load reads from each file
     "behaviors": (INDEX, BEHAVIOR),
 }
 _KEY = "_attribute_key"
+EVENTS = "_events"  # training events of one (item, attribute set) pair, counted already
 # integer item ids whose range holds at most this many ids per item are encoded by a gather
 # from a table over the range (4 bytes per id), not by a join
 DENSE_IDS_PER_ITEM = 8
+
+
+def _attribute_key(events: pl.LazyFrame) -> pl.Expr:
+    """Each event's attribute set as one key (attribute lists joined; a key already as is)."""
+    side = pl.col(ATTRIBUTES)
+    if isinstance(events.collect_schema()[ATTRIBUTES], pl.List):
+        side = side.list.join(ATTRIBUTE_SEPARATOR)
+    return side.alias(_KEY)
+
+
+def count_pairs(train: pl.LazyFrame) -> pl.LazyFrame:
+    """Training events counted by item and attribute set, with the pair's last event time: all
+    that :meth:`Vocab.fit` (which sums such counts) and a dated item table read of them, so
+    that each partition of a large log can be counted on its own."""
+    return train.group_by(ITEM, _attribute_key(train)).agg(
+        pl.len().alias(EVENTS), pl.col(TIMESTAMP).max()
+    )
 
 
 @dataclass(frozen=True)
@@ -102,21 +120,19 @@ class Vocab:
         max_item_attributes: int = 32,
     ) -> Vocab:
         """Fit on training events (``item_id`` and ``attributes``: attribute lists or the
-        keys of :func:`recsys.data.validate.attribute_key`).
+        keys of :func:`recsys.data.validate.attribute_key`), or on their :func:`count_pairs`.
 
         ``item_table`` (``item_id, attributes``) gives items their attribute sets; items it
         does not list fall back to their training events. Items seen fewer than
         ``min_item_count`` times map to UNK; an item keeps its ``max_item_attributes`` most
         frequent attributes.
         """
-        side = pl.col(ATTRIBUTES)
-        if isinstance(train.collect_schema()[ATTRIBUTES], pl.List):  # else already a key
-            side = side.list.join(ATTRIBUTE_SEPARATOR)
-        pairs = (
-            train.group_by(ITEM, side.alias(_KEY))
-            .agg(pl.len().alias("_n"))
-            .collect(engine="streaming")  # faster here even on frames in memory
-            .with_columns(pl.col(_KEY).cast(pl.String))
+        if EVENTS in train.collect_schema():  # pairs counted already (by count_pairs)
+            pairs = train.group_by(ITEM, _KEY).agg(pl.col(EVENTS).sum().alias("_n"))
+        else:
+            pairs = train.group_by(ITEM, _attribute_key(train)).agg(pl.len().alias("_n"))
+        pairs = pairs.collect(engine="streaming").with_columns(  # faster even in memory
+            pl.col(_KEY).cast(pl.String)
         )
         if pairs[ITEM].n_unique() == pairs.height:
             # one attribute set per item (e.g. one category each): nothing to choose (the

@@ -81,3 +81,30 @@ def test_duplicates_refused_count_every_partition(log, tmp_path):
         messages.append(str(info.value))
     assert messages[0] == messages[1]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("split", ["leave_one_out", "leave_last_n"])
+def test_positional_training_window_is_found_per_partition(log, tmp_path, monkeypatch, split):
+    """A positional split's training window (each user's events but the last ones) needs
+    per-user counts: found over the whole log at once, it held every event in memory (100 M
+    events: 3.4 GiB peak against 2.1 GiB for a temporal split). It is found one partition at a
+    time, each holding users of its own, and the vocabulary is the same as with one partition."""
+    from recsys.data import pipeline
+
+    seen: list[set] = []
+
+    def spy(lf, settings, points):
+        seen.append(set(lf.select("user_id").collect()["user_id"].to_list()))
+        return training_events(lf, settings, points)
+
+    training_events = pipeline.training_events
+    monkeypatch.setattr(pipeline, "training_events", spy)
+    options = {**OPTIONS, "split": {"method": split}}
+    many = rd.prepare(log, tmp_path / "many", partition_rows=1000, **options)
+    assert len(seen) == many.stats["partitions"] > 1
+    assert sum(len(users) for users in seen) == len(set().union(*seen)) == many.stats["users"]
+    monkeypatch.undo()
+    one = rd.prepare(log, tmp_path / "one", **options)
+    assert_frame_equal(one.vocab.items, many.vocab.items)
+    assert_frame_equal(one.vocab.attributes, many.vocab.attributes)
+    assert_frame_equal(one.sequences().sort("user_id"), many.sequences().sort("user_id"))
