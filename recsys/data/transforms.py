@@ -197,15 +197,18 @@ def sessionize(
     where the gap to the user's previous event exceeds ``gap_seconds``. Example with a 30-min
     gap: events at 10:00, 10:20, 12:00, 12:05 -> sessions 0, 0, 1, 1.
     """
+    # Sorted by user, each expression runs over the whole column and a user's first event is
+    # masked, instead of per user with .over(user): 10 M events 0.15 s against 1.6-2.5 s.
+    first = pl.col(USER).ne_missing(pl.col(USER).shift(1))
     if has_session_id:
-        starts = pl.col(SESSION).ne_missing(pl.col(SESSION).shift(1)).over(USER)
+        starts = pl.col(SESSION).ne_missing(pl.col(SESSION).shift(1))
     elif gap_seconds is not None:
-        gap = pl.col(TIMESTAMP).diff().over(USER).dt.total_microseconds()
-        starts = (gap > int(gap_seconds * 1_000_000)).fill_null(True)
+        gap = pl.col(TIMESTAMP).diff().dt.total_microseconds()
+        starts = gap > int(gap_seconds * 1_000_000)
     else:
         return lf
-    first = position_in_user() == 0
-    number = (starts & ~first).cast(pl.Int32).cum_sum().over(USER)
+    count = (starts & ~first).cast(pl.Int32).cum_sum()  # sessions begun since the first row
+    number = count - pl.when(first).then(count).forward_fill()  # ... since the user's first
     return lf.with_columns(number.cast(pl.Int32).alias(SESSION_INDEX))
 
 
