@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from recsys.config import check_required, event_schema, prepare_settings, sweep_tags
 from recsys.retrieval.output import holds_output
+from recsys.schema import TIMESTAMP
 from recsys.tasks import evaluate, score, train
 from recsys.tracking import use_tracker
 
@@ -34,8 +35,14 @@ def check_config(cfg: DictConfig) -> None:
     """The training's config checks (:func:`recsys.tasks.train.check_config`) and the
     scoring settings', which need no model: a mistake there should not cost a training."""
     train.check_config(cfg)
-    behaviors = event_schema(cfg.data).behaviors
-    score.check_options(cfg.retrieval, behaviors, train.trained_targets(cfg, behaviors))
+    schema = event_schema(cfg.data)
+    behaviors = schema.behaviors
+    score.check_options(
+        cfg.retrieval,
+        behaviors,
+        train.trained_targets(cfg, behaviors),
+        timed=schema.has(TIMESTAMP),
+    )
     _check_output_is_free(cfg)
     if cfg.training.get("transition_prior") is not None and cfg.retrieval.get("rerank_top_n"):
         raise ValueError(

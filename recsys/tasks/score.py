@@ -54,13 +54,15 @@ def check_options(
     retrieval: Mapping[str, Any] | None,
     behaviors: Sequence[str],
     trained: Sequence[str] | None = None,
+    *,
+    timed: bool = True,
 ) -> tuple[ScoringOptions, Rules]:
     """``conf/retrieval`` -> (:class:`ScoringOptions`, :class:`Rules`): unknown keys, values
     out of range, rules naming behaviours outside ``behaviors`` or a target behaviour outside
     ``trained`` (the behaviours the model learns to predict), list files that do not exist,
     output formats, an output path holding something other than a scoring output,
-    ``as_of`` and the accelerator are refused. Needs no model, so the main job
-    checks before it trains."""
+    ``as_of`` (see :func:`check_as_of`; ``timed``: the log has times) and the accelerator
+    are refused. Needs no model, so the main job checks before it trains."""
     retrieval = dict(to_container(retrieval) or {})
     known = set(ScoringOptions.__dataclass_fields__) | set(NOT_SCORING_OPTIONS)
     unknown = sorted(set(retrieval) - known)
@@ -77,9 +79,27 @@ def check_options(
             f"(training.behavior_weights={{{target}: 1}}) or drop the rule"
         )
     check_output(retrieval.get("output") or {})
-    parse_instant(retrieval.get("as_of"), option="retrieval.as_of")
+    check_as_of(retrieval.get("as_of"), timed=timed)
     pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
     return options, rules
+
+
+def check_as_of(as_of: str | datetime | None, *, timed: bool) -> datetime | None:
+    """``retrieval.as_of`` as an instant (None: the moment of the log's last event). Refused
+    for an order-only log (``timed`` False): its times are its row numbers, microseconds after
+    1970, so every user's last position would be told a gap of decades to the moment of the
+    recommendation (the top time bucket, which training never saw there, and with
+    ``data.time_buckets.reference=target`` every token's), and the fallback's popularity
+    window before ``as_of`` would hold no event."""
+    instant = parse_instant(as_of, option="retrieval.as_of")
+    if instant is not None and not timed:
+        raise ValueError(
+            f"retrieval.as_of={as_of}, but the log is order-only (data.columns.timestamp="
+            "null): its events have no time to hold it against, and it is scored for the "
+            "moment of its last event. Drop retrieval.as_of, or map the log's timestamp "
+            "column (data.columns.timestamp=<your column>) if it has one"
+        )
+    return instant
 
 
 OUTPUT_KEYS = ("path", "formats", "overwrite")
@@ -257,7 +277,7 @@ class _Job:
         ``bad_rows``; ``clock`` is the "now" future timestamps are judged by), vocabulary."""
         check_columns(model, schema)
         options, rules = settings(retrieval, model)
-        as_of = parse_instant(as_of, option="retrieval.as_of")
+        as_of = check_as_of(as_of, timed=schema.has(TIMESTAMP))
         if clock is None and as_of is not None:  # an event up to the scoring time is no
             clock = max(datetime.now(UTC), as_of)  # future_timestamp (data.as_of unset)
         events = load_events(source, schema, bad_rows=bad_rows, as_of=clock)

@@ -247,6 +247,14 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
         (["retrieval.index=bogus"], r"retrieval.index='bogus': use one of \['exact', 'faiss'\]"),
         (["retrieval.as_of=notadate"], r"retrieval.as_of='notadate' is not an ISO 8601 time"),
         (["retrieval.output.formats=[json]"], r"retrieval.output.formats=\['json'\]: parquet"),
+        (
+            [
+                "data.columns.timestamp=null",
+                "data.split.method=leave_one_out",
+                "retrieval.as_of=2024-03-01T00:00:00Z",
+            ],
+            r"retrieval.as_of=2024-03-01T00:00:00Z, but the log is order-only",
+        ),
         (["retrieval.rules.allow_list=[]"], r"allow_list is empty, which allows no item"),
         (["retrieval.accelerator=tpu"], r"retrieval.accelerator='tpu': use one of"),
         (

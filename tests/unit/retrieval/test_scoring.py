@@ -1011,6 +1011,19 @@ def test_an_order_only_log_s_explanations_have_no_time(setup):
         assert frame[f"explain_{j}_timestamp"].null_count() == frame.height
 
 
+def test_an_order_only_log_refuses_an_as_of(setup):
+    """An order-only log's times are microseconds after 1970: scored ``as_of`` a real date,
+    every user's last position was told a gap of decades (the top time bucket, never trained
+    there) and the lists changed, silently."""
+    model, events = setup
+    columns = {k: v for k, v in EventSchema().columns.items() if k != "timestamp"}
+    order_only = dataclasses.replace(model, schema=EventSchema(columns=columns))
+    ordered = events.sort("user_id", "timestamp", maintain_order=True).drop("timestamp")
+    for given in ({"as_of": "2024-03-01T00:00:00Z"}, {"retrieval": {"as_of": "2024-03-01"}}):
+        with pytest.raises(ValueError, match=r"retrieval.as_of=2024-03-01.*the log is order-only"):
+            recommend_frame(order_only, ordered, **given)
+
+
 def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
     """A resumed scoring job takes parts written under the same model digest as its own: the
     same weights with another window, time buckets or target behaviours score otherwise."""
