@@ -61,6 +61,12 @@ OPTIONAL_MEMBERS: dict[str, str] = {
 }
 
 
+def reads_time_buckets(encoder: torch.nn.Module) -> bool:
+    """Whether ``encoder`` reads its inputs' time buckets: its ``config`` holds
+    ``num_time_buckets`` (ATRank does; SASRec and GRU4Rec take none and ignore them)."""
+    return "num_time_buckets" in dict(getattr(encoder, "config", None) or {})
+
+
 def check_encoder(encoder: torch.nn.Module) -> None:
     """Raise TypeError naming every member of :data:`ENCODER_INTERFACE` that ``encoder``
     lacks, a ``config`` without the data sizes, or ``score_items`` that does not score PAD

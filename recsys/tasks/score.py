@@ -34,6 +34,7 @@ from recsys.config import (
 from recsys.data.io import DataError, EventSource
 from recsys.data.pipeline import events_fingerprint, load_events
 from recsys.data.validate import BadRowPolicy, parse_instant
+from recsys.model.interface import reads_time_buckets
 from recsys.retrieval.output import PartitionedOutput, check_formats, check_output_path
 from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
 from recsys.retrieval.rules import Rules
@@ -133,7 +134,9 @@ def settings(retrieval: Mapping[str, Any] | None, model: LoadedModel):
 
 
 def check_columns(model: LoadedModel, schema: EventSchema) -> None:
-    """Refuse a log that lacks columns or behaviours the model was trained with."""
+    """Refuse a log that lacks columns or behaviours the model was trained with, and a timed
+    log for a model trained order-only that reads time buckets: its time tables learned the
+    one bucket of an order-only log (no gap), so real gaps would reach untrained rows."""
     problems = []
     if tuple(schema.behaviors) != tuple(model.schema.behaviors):
         problems.append(
@@ -148,6 +151,18 @@ def check_columns(model: LoadedModel, schema: EventSchema) -> None:
         problems.append(
             f"columns: the model was trained with {wanted} (canonical: log column) but the "
             f"scoring data maps no {missing}: set data.columns.<name>=<your column>"
+        )
+    if (
+        schema.has(TIMESTAMP)
+        and not model.schema.has(TIMESTAMP)
+        and reads_time_buckets(model.encoder)
+    ):
+        problems.append(
+            f"timestamps: the model was trained on an order-only log (data.columns.timestamp="
+            f"null), so its time-gap tables know no gap, but the scoring data maps a timestamp "
+            f"column ({schema.columns[TIMESTAMP]!r}) whose gaps they would be given: score it "
+            "order-only too (data.columns.timestamp=null; each user's events are then taken "
+            "in the log's order, so put it in time order first)"
         )
     if problems:
         raise DataError("the event log does not match the model's schema: " + "; ".join(problems))

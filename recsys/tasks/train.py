@@ -54,7 +54,7 @@ from recsys.data.pipeline import QUARANTINE_FILE, STATS_FILE, load_stats
 from recsys.data.validate import check_number
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
-from recsys.model.interface import check_encoder
+from recsys.model.interface import check_encoder, reads_time_buckets
 from recsys.model.transfer import carry_over
 from recsys.model.transition import TransitionCounts
 from recsys.schema import NUM_RESERVED
@@ -459,12 +459,11 @@ def check_time_reference(cfg: DictConfig, encoder: torch.nn.Module, objective: s
     happens (and evaluation, which measures gaps to that position's own target, differs)."""
     reference = time_buckets(to_container(cfg.data)).reference
     samples = (cfg.data.get("loader") or {}).get("train_samples", "windows")
-    reads_time = "num_time_buckets" in getattr(encoder, "config", {})  # SASRec reads none
     if (
         reference == "target"
         and samples == "windows"
         and objective == "retrieval"
-        and reads_time
+        and reads_time_buckets(encoder)
         and getattr(encoder, "causal", True)
     ):
         raise ValueError(

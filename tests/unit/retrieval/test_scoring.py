@@ -1024,6 +1024,23 @@ def test_an_order_only_log_refuses_an_as_of(setup):
             recommend_frame(order_only, ordered, **given)
 
 
+def test_a_model_trained_order_only_refuses_a_timed_log_if_it_reads_time(setup):
+    """A model of an order-only log learned one time bucket (no gap); scoring a log with
+    timestamps gave its tokens real gaps (buckets up to the last), whose rows it never
+    trained, silently. SASRec reads no time, so it may score the log in its time order."""
+    model, events = setup
+    columns = {k: v for k, v in EventSchema().columns.items() if k != "timestamp"}
+    order_only = dataclasses.replace(model, schema=EventSchema(columns=columns))
+    with pytest.raises(DataError, match=r"trained on an order-only log .*'timestamp'"):
+        recommend_frame(order_only, events, schema=EventSchema())
+    ordered = events.sort("user_id", "timestamp", maintain_order=True).drop("timestamp")
+    assert _score(order_only, ordered).height == events["user_id"].n_unique() * TOP_K
+    sasrec = SASRec(num_items=model.encoder.num_items, max_seq_len=12, d_model=16, num_layers=1)
+    items_only = dataclasses.replace(order_only, encoder=sasrec.eval())
+    frame = recommend_frame(items_only, events, schema=EventSchema(), retrieval={"top_k": TOP_K})
+    assert frame.height == events["user_id"].n_unique() * TOP_K
+
+
 def test_the_model_digest_covers_the_settings_that_shape_scores(setup):
     """A resumed scoring job takes parts written under the same model digest as its own: the
     same weights with another window, time buckets or target behaviours score otherwise."""
