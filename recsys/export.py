@@ -10,10 +10,12 @@ Serving contract. An export folder holds:
   - ``item``, ``behavior``, ``time_bucket``: (B, T) int64 vocabulary indices, **left-padded**
     (the most recent event at position T-1), 0 (PAD) at padding positions;
   - ``padding_mask``: (B, T) bool, True = a real token;
-  - ``time_bucket``: each event's time-gap bucket (``vocab.json``'s time-bucket settings): with
-    ``reference: previous`` the gap to the user's event before it, also when that event is
-    older than the T kept (0 s for a user's first event); with ``reference: target`` the gap
-    to the moment the prediction is for;
+  - ``time_bucket``: each event's time-gap bucket (``vocab.json``'s time-bucket settings):
+    ``1 + min(floor(log2(1 + max(gap, 0) / unit_seconds)), num_buckets - 1)`` (``vocab.json``'s
+    ``time_buckets_rule``), ``gap`` in seconds between the times rounded down to whole Unix
+    seconds; with ``reference: previous`` the gap to the user's event before it, also when that
+    event is older than the T kept (0 s for a user's first event); with ``reference: target``
+    the gap to the moment the prediction is for;
   - ``query_time_bucket``: (B, T) int64, the time-gap bucket from each position's event to the
     moment *its* prediction is for, i.e. to the next event, and at the last position (the
     query served) to the moment of the recommendation (0 = unknown, the same as passing None).
@@ -85,6 +87,7 @@ import torch
 from torch import nn
 
 from recsys.checkpoint import LoadedModel, encoder_target, unreadable
+from recsys.data.sequences import BUCKET_RULE
 from recsys.model.transition import TransitionPrior
 from recsys.schema import NUM_RESERVED, PAD_IDX
 
@@ -569,6 +572,10 @@ def _vocab_plain(loaded: LoadedModel) -> dict[str, Any]:
             "num_buckets": time_buckets.num_buckets,
             "reference": time_buckets.reference,
         },
+        "time_buckets_rule": BUCKET_RULE,
+        "time_buckets_note": "gap: seconds between times rounded down to whole Unix seconds "
+        "(reference previous: to the user's event before; target: to the moment of the "
+        "prediction); 0 = PAD",
         "schema": loaded.schema.to_dict(),
         "target_behaviors": _plain_list(getattr(loaded, "target_behaviors", None)),
     }

@@ -41,6 +41,12 @@ TIMES = "timestamp"
 SEQUENCE_COLUMNS = (USER, ITEMS, BEHAVIORS, TIMES, *SPLIT_COLUMNS)
 
 
+# The bucket of a gap as a Python expression over ``gap`` (seconds, between whole Unix seconds),
+# ``unit_seconds`` and ``num_buckets`` (``floor``, ``log2`` from math): what a server copies
+# (the export's vocab.json carries it); TimeBuckets.__call__ computes it.
+BUCKET_RULE = "1 + min(floor(log2(1 + max(gap, 0) / unit_seconds)), num_buckets - 1)"
+
+
 @dataclass(frozen=True)
 class TimeBuckets:
     """ATRank's log2 time-gap buckets with a configurable unit.

@@ -316,6 +316,13 @@ def test_loaded_checkpoint_exports_with_its_vocabulary(tmp_path):
     assert plain["item_id"][5 - 2] == "item5"
     assert plain["behaviors"] == ["view", "buy"]
     assert plain["time_buckets"]["num_buckets"] == 5
+    # the rule a server copies gives the buckets scoring gives (it named only the settings)
+    gaps = np.array([-5, 0, 59, 60, 179, 180, 419, 420, 10**5, 10**9])
+    for settings in ({**plain["time_buckets"]}, {"unit_seconds": 86400.0, "num_buckets": 12}):
+        names = {"floor": math.floor, "log2": math.log2, "max": max, "min": min, **settings}
+        rule = [eval(plain["time_buckets_rule"], {}, {**names, "gap": int(g)}) for g in gaps]
+        buckets = TimeBuckets(**{k: v for k, v in settings.items() if k != "reference"})
+        assert rule == buckets(gaps).tolist()
     meta = json.loads(Path(files["metadata"]).read_text())
     assert meta["checkpoint"]["path"] == str(path)
     batch = make_batch([4, 8], 8, seed=7)
