@@ -88,9 +88,12 @@ class TimeBuckets:
         return self.num_buckets + 1
 
     def __call__(self, gap_seconds: np.ndarray) -> np.ndarray:
-        gap_units = np.maximum(gap_seconds, 0) / self.unit_seconds
-        bucket = np.floor(np.log2(1.0 + gap_units)).astype(np.int64)
-        return 1 + np.minimum(bucket, self.num_buckets - 1)
+        # capped before the cast: with a tiny unit a long gap overflows to inf, whose int64
+        # cast is the most negative integer (a negative bucket)
+        with np.errstate(over="ignore"):
+            gap_units = np.maximum(gap_seconds, 0) / self.unit_seconds
+        bucket = np.minimum(np.floor(np.log2(1.0 + gap_units)), self.num_buckets - 1)
+        return 1 + bucket.astype(np.int64)
 
 
 def build_sequences(encoded: pl.LazyFrame, split: list[pl.Expr]) -> pl.LazyFrame:

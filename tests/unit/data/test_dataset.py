@@ -89,6 +89,10 @@ def test_time_bucket_caps_and_clips():
     np.testing.assert_array_equal(buckets(np.array([-1, -(10**9)])), [1, 1])
     assert buckets.num_embeddings == 17
     np.testing.assert_array_equal(TimeBuckets(60, 1)(np.array([0, 10**6])), [1, 1])
+    # a unit so small that a year's gap overflows the division: the last bucket, not a
+    # negative one (the overflow's inf was cast to the most negative int64)
+    tiny = TimeBuckets(unit_seconds=1e-305, num_buckets=16)
+    np.testing.assert_array_equal(tiny(np.array([0, 1, 365 * 86_400])), [1, 16, 16])
 
 
 def test_time_bucket_unit_is_configurable():
