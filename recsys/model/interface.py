@@ -8,7 +8,8 @@ there only) whose constructor takes keyword arguments; ``conf/model/<name>.yaml`
 ``num_items`` and ``max_seq_len`` always, ``num_attributes``, ``item_attribute_width``,
 ``num_behaviors`` and ``num_time_buckets`` only to a constructor that takes them (by name or
 ``**kwargs``). An encoder whose ``config`` holds ``num_time_buckets`` is taken to read time
-buckets (``data.time_buckets.reference=target`` is then refused with causal training).
+buckets (:func:`reads_time_buckets`: ``data.time_buckets.reference=target`` is then refused
+with causal training, and a model trained on an order-only log refuses a timed scoring log).
 
 Inputs are left-padded: the most recent event at position T-1, PAD (0) and ``padding_mask``
 False before the first real event. :func:`check_encoder` names whatever of
