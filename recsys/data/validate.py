@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
+from functools import partial
 
 import polars as pl
 
@@ -186,6 +187,26 @@ def parse_instant(value: str | datetime | None, *, option: str) -> datetime | No
     return instant.astimezone(UTC)  # a named zone (Europe/Berlin) too: polars compares in UTC
 
 
+def _text_instants(text: pl.Series, *, scale: int) -> pl.Series:
+    """Timestamps written as text: numbers (a CSV column where one bad value made everything
+    text) times ``scale`` microseconds, else the first of :data:`_ISO_FORMATS` that parses (a
+    trailing "Z" is UTC: chrono's %#z wants an offset); null where none does. Each format is
+    tried only on the rows no earlier one parsed: a coalesce of every format parsed every row
+    nine times (10 M ISO timestamps: 33 s of a 36 s preparation, a helper measured)."""
+    text = text.str.strip_chars()
+    number = text.cast(pl.Float64, strict=False)
+    out = (number * scale).round().cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE)
+    iso = text.str.replace(r"[zZ]$", "+00:00")
+    for fmt in _ISO_FORMATS:
+        todo = (out.is_null() & iso.is_not_null()).arg_true()
+        if todo.len() == 0:
+            break
+        rows = iso if todo.len() == len(iso) else iso.gather(todo)
+        parsed = rows.str.to_datetime(fmt, strict=False, time_unit="us", time_zone="UTC")
+        out = out.scatter(todo, parsed)
+    return out
+
+
 def timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
     """The ``timestamp`` column of type ``dtype`` as a UTC datetime (numbers in ``unit``)."""
     col = pl.col(TIMESTAMP)
@@ -193,19 +214,8 @@ def timestamp_expr(dtype: pl.DataType, unit: str) -> pl.Expr:
     if isinstance(dtype, CATEGORIES):
         col, dtype = col.cast(pl.String), pl.String
     if dtype == pl.String:
-        # Text holds either numbers (a CSV column where one bad value made everything text)
-        # read in `unit`, or ISO 8601; a trailing "Z" is UTC (chrono's %#z wants an offset).
-        text = col.str.strip_chars()
-        number = text.cast(pl.Float64, strict=False)
-        iso = text.str.replace(r"[zZ]$", "+00:00")
-        return pl.coalesce(
-            [
-                (number * scale).round().cast(pl.Int64, strict=False).cast(TIMESTAMP_DTYPE),
-                *(
-                    iso.str.to_datetime(fmt, strict=False, time_unit="us", time_zone="UTC")
-                    for fmt in _ISO_FORMATS
-                ),
-            ]
+        return col.map_batches(
+            partial(_text_instants, scale=scale), return_dtype=TIMESTAMP_DTYPE, is_elementwise=True
         )
     if isinstance(dtype, pl.Datetime):
         if dtype.time_zone is None:
