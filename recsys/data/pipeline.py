@@ -756,8 +756,8 @@ def _prepare(
     )
     item_table = None
     if items is not None:
-        item_table = _item_table(
-            items, item_columns, schema, final.collect_schema()[ITEM], train=train
+        item_table = read_item_table(
+            items, item_columns, schema, final.collect_schema()[ITEM], dated_by=train
         )
     vocab = Vocab.fit(
         train,
@@ -922,19 +922,20 @@ def _keep(frame: pl.DataFrame, mask: pl.Expr) -> pl.DataFrame:
     return frame if keep.all() else frame.filter(keep)
 
 
-def _item_table(
+def read_item_table(
     items: EventSource,
     item_columns: Mapping[str, str | None] | None,
     schema: EventSchema,
     item_dtype: pl.DataType,
     *,
-    train: pl.LazyFrame,
+    dated_by: pl.LazyFrame,
 ) -> pl.LazyFrame:
     """The item side table as ``item_id`` (the event log's id type) + ``attributes`` list.
 
     A time-versioned table (``item_columns.timestamp`` set: one row per value and the moment it
-    took effect) gives each item its latest value at the last training event: values recorded
-    after the training window never reach the vocabulary (a null moment counts as the oldest).
+    took effect) gives each item its latest value at the last event of ``dated_by`` (the
+    training window when preparing, so values recorded after it never reach the vocabulary;
+    the scored events when scoring). A null moment counts as the oldest.
     """
     columns = dict(item_columns or DEFAULT_ITEM_COLUMNS)
     lf = scan_items(items, columns)
@@ -959,12 +960,12 @@ def _item_table(
                 "there is no training cut to date it against: set data.item_columns.timestamp"
                 "=null"
             )
-        train_end = train.select(pl.col(TIMESTAMP).max()).collect(engine="streaming").item()
+        last = dated_by.select(pl.col(TIMESTAMP).max()).collect(engine="streaming").item()
         moment = timestamp_expr(types[TIMESTAMP], schema.timestamp_unit)
         lf = (
             lf.with_row_index("_row")
             .with_columns(moment.alias(TIMESTAMP))
-            .filter(pl.col(TIMESTAMP).is_null() | (pl.col(TIMESTAMP) <= train_end))
+            .filter(pl.col(TIMESTAMP).is_null() | (pl.col(TIMESTAMP) <= last))
             .group_by(ITEM)
             .agg(pl.all().sort_by(TIMESTAMP, "_row", nulls_last=False).last())
         )

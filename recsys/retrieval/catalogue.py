@@ -10,7 +10,8 @@ Catalogue index ``i`` names one item for the whole job:
 
 Each item has a **category**: its one category, or, for items with an attribute set (the
 S3-Rec files: category path nodes and brand), the *least frequent* attribute of its set — the
-most specific one. New items take theirs from the log's events. ``popularity`` counts the
+most specific one. New items take theirs from the item table (``data.items``) where it lists
+them, else from the log's events. ``popularity`` counts the
 target-behaviour events (every event when no target is set) in the log's last
 ``popularity_days`` days before ``as_of``.
 """
@@ -70,9 +71,12 @@ class Catalogue:
         *,
         target_behavior: str | None,
         popularity_since: int | None,
+        item_table: pl.DataFrame | None = None,
     ) -> Catalogue:
         """``events``: the scoring log (``item_id, event_type, timestamp`` as Unix seconds,
-        ``attributes``); ``popularity_since``: first second counted in ``popularity``."""
+        ``attributes``); ``popularity_since``: first second counted in ``popularity``;
+        ``item_table``: ``item_id, attributes`` (list), the attribute sets of new items it
+        lists (the model's items keep the sets they were trained with)."""
         names = vocab.attributes.select(pl.col(INDEX).alias("_rank"), ATTRIBUTE)
         model_items = (
             vocab.items.select(
@@ -96,8 +100,17 @@ class Catalogue:
             .drop_nulls(ITEM)
             .join(model_items.lazy().select(ITEM), on=ITEM, how="anti")
         )
+        side = new_events
+        if item_table is not None:  # a listed item's set is the table's (rows: their union)
+            listed = (
+                item_table.lazy()
+                .select(pl.col(ITEM).cast(vocab.items.schema[ITEM], strict=False), ATTRIBUTES)
+                .drop_nulls()
+                .join(new_events.select(ITEM), on=ITEM, how="semi")
+            )
+            side = pl.concat([listed, new_events.join(listed, on=ITEM, how="anti")])
         categories = (
-            new_events.explode(ATTRIBUTES)
+            side.explode(ATTRIBUTES)
             .drop_nulls(ATTRIBUTES)
             .with_columns(pl.int_range(pl.len()).alias("_order"))
             .join(names.lazy(), left_on=ATTRIBUTES, right_on=ATTRIBUTE, how="left")

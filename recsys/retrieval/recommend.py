@@ -144,9 +144,11 @@ class ScoringData:
         options: ScoringOptions,
         as_of=None,
         timed: bool = True,
+        item_table: pl.DataFrame | None = None,
     ) -> ScoringData:
         """``timed=False``: an order-only log, whose times are its row numbers (one
-        microsecond apart in 1970): its explanations show no time."""
+        microsecond apart in 1970): its explanations show no time. ``item_table``
+        (``item_id, attributes``): the categories of the log's items new to the model."""
         encoded = scoring_events(events, vocab=model.vocab, as_of=as_of)
         if as_of is not None:
             later = events[USER].n_unique() - encoded[USER].n_unique()
@@ -165,7 +167,11 @@ class ScoringData:
             else query_time - int(options.popularity_days * 86_400)
         )
         catalogue = Catalogue.build(
-            model.vocab, encoded, target_behavior=rules.target_behavior, popularity_since=since
+            model.vocab,
+            encoded,
+            target_behavior=rules.target_behavior,
+            popularity_since=since,
+            item_table=item_table,
         )
         index = catalogue.index_of(encoded[ITEM])
         moment = pl.col(TIMESTAMP) if timed else pl.lit(None, encoded.schema[TIMESTAMP])

@@ -27,12 +27,14 @@ from recsys.checkpoint import LoadedModel, model_digest
 from recsys.config import (
     check_required,
     event_schema,
+    item_columns,
     note_trained_settings,
     prepare_settings,
     to_container,
 )
+from recsys.data import options as data_options
 from recsys.data.io import DataError, EventSource
-from recsys.data.pipeline import events_fingerprint, load_events
+from recsys.data.pipeline import events_fingerprint, load_events, read_item_table
 from recsys.data.validate import BadRowPolicy, parse_instant
 from recsys.model.interface import reads_time_buckets
 from recsys.retrieval.output import PartitionedOutput, check_formats, check_output_path
@@ -40,7 +42,7 @@ from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
 from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
 from recsys.schema import ATTRIBUTES, ITEM, SESSION, TIMESTAMP, EventSchema
-from recsys.tasks.prepare import event_source
+from recsys.tasks.prepare import event_source, item_source
 from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import pick_device
 
@@ -283,13 +285,28 @@ class _Job:
     events: pl.DataFrame
     data: ScoringData
     as_of: datetime | None
+    item_table: pl.DataFrame | None = None
 
     @classmethod
     def load(
-        cls, model, source, schema, retrieval, *, as_of, source_name, bad_rows=None, clock=None
+        cls,
+        model,
+        source,
+        schema,
+        retrieval,
+        *,
+        as_of,
+        source_name,
+        bad_rows=None,
+        clock=None,
+        items=None,
+        item_columns=None,
     ) -> _Job:
         """Every check runs before anything is written: columns, settings, bad rows (with
-        ``bad_rows``; ``clock`` is the "now" future timestamps are judged by), vocabulary."""
+        ``bad_rows``; ``clock`` is the "now" future timestamps are judged by), vocabulary.
+        ``items`` (an item table, mapped by ``item_columns``) gives the log's items that are
+        new to the model their attributes, so their category (``max_per_category``, the
+        fallback's shared categories, ``item_category``)."""
         check_columns(model, schema)
         options, rules = settings(retrieval, model)
         as_of = check_as_of(as_of, timed=schema.has(TIMESTAMP))
@@ -297,10 +314,31 @@ class _Job:
             clock = max(datetime.now(UTC), as_of)  # future_timestamp (data.as_of unset)
         events = load_events(source, schema, bad_rows=bad_rows, as_of=clock)
         check_vocabulary(model, events, source_name)
+        item_table = None
+        if items is not None:  # a dated table: each item's value at the last scored event
+            scored = events.lazy()
+            if as_of is not None:
+                scored = scored.filter(pl.col(TIMESTAMP) <= as_of)
+            item_table = read_item_table(
+                items, item_columns, schema, events.schema[ITEM], dated_by=scored
+            ).collect()
         data = ScoringData.build(
-            model, events, rules=rules, options=options, as_of=as_of, timed=schema.has(TIMESTAMP)
+            model,
+            events,
+            rules=rules,
+            options=options,
+            as_of=as_of,
+            timed=schema.has(TIMESTAMP),
+            item_table=item_table,
         )
-        return cls(options=options, rules=rules, events=events, data=data, as_of=as_of)
+        return cls(
+            options=options,
+            rules=rules,
+            events=events,
+            data=data,
+            as_of=as_of,
+            item_table=item_table,
+        )
 
 
 def recommend_frame(
@@ -312,6 +350,8 @@ def recommend_frame(
     as_of: str | datetime | None = None,
     device: str | torch.device | None = None,
     bad_rows: Mapping[str, str] | None = None,
+    items: EventSource | None = None,
+    item_columns: Mapping[str, str | None] | None = None,
 ) -> pl.DataFrame:
     """Recommendations for every user of ``events`` (a frame or file with the columns the
     model was trained with, unless ``schema`` says otherwise), in memory. ``retrieval``:
@@ -322,7 +362,9 @@ def recommend_frame(
     message names ``data.bad_rows.unknown_behavior``. Without ``as_of`` the lists are for the
     moment of the frame's last event, so a subset of the users may get other lists than the
     whole log: give ``as_of`` to compare. An event after both now and ``as_of`` is a
-    ``future_timestamp`` bad row."""
+    ``future_timestamp`` bad row. ``items``: an item table (``item_columns`` maps its
+    columns, as ``data.item_columns``) giving the log's items new to the model their
+    category."""
     retrieval = dict(to_container(retrieval) or {})
     if as_of is None:
         as_of = retrieval.get("as_of")
@@ -338,6 +380,8 @@ def recommend_frame(
         as_of=as_of,
         source_name="events",
         bad_rows=BadRowPolicy.from_dict(to_container(bad_rows)),
+        items=items,
+        item_columns=data_options.item_columns({"item_columns": to_container(item_columns)}),
     )
     recommender = Recommender(model, job.data, rules=job.rules, options=job.options, device=device)
     data, options = job.data, job.options
@@ -372,13 +416,19 @@ def run(
         source_name=str(cfg.data.source),
         bad_rows=prepare.bad_rows,
         clock=prepare.as_of,
+        items=item_source(cfg),
+        item_columns=item_columns(cfg.data),
     )
     data, options, rules, as_of = job.data, job.options, job.rules, job.as_of
     fingerprint = events_fingerprint(job.events)
+    # the item table's content: another table gives new items other categories (a key only
+    # with a table, so the jobs without one keep the manifests they always had)
+    items = {} if job.item_table is None else {"items": events_fingerprint(job.item_table)}
     output_cfg = retrieval.get("output") or {}
     job = {
         "model": model_digest(model),
         "data": fingerprint,
+        **items,
         "as_of": str(as_of),
         "options": {k: v for k, v in retrieval.items() if k not in ("output", "accelerator")},
         "formats": output_cfg.get("formats", ["parquet"]),

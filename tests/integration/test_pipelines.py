@@ -1766,3 +1766,60 @@ def test_evaluation_settings_are_refused_before_the_data_is_prepared(
     )
     with pytest.raises(ValueError, match=message):
         evaluate.run(cfg)
+
+
+def test_score_reads_data_items_for_the_logs_new_items(make_config, tmp_path):
+    """pipelines.score with data.items: the log's items new to the model take their category
+    from the item table (they had none when the model's attributes came from a table, as the
+    S3-Rec files', and max_per_category never capped them), and the table is part of the job,
+    so scoring again with another table is another job, not a rerun that does nothing."""
+    from recsys.data.synthetic import generate_events
+
+    events = generate_events(num_users=60, num_items=40, num_categories=4, seed=3)
+    table = events.group_by("item_id").agg(pl.concat_list(pl.col("category").first()))
+    events.drop("category").write_parquet(tmp_path / "train.parquet")
+    new_id = int(events["item_id"].max()) + 1
+    new = pl.DataFrame({"item_id": [new_id], "category": [["c01"]]})
+    pl.concat([table, new]).rename({"category": "attributes"}).write_parquet(tmp_path / "i.parquet")
+    data = [
+        "data=events_file",
+        f"data.items={tmp_path / 'i.parquet'}",
+        "data.split.method=leave_one_out",
+        "logger=none",
+    ]
+    trained = train.run(
+        make_config(
+            "config",
+            [
+                *data,
+                f"data.source={tmp_path / 'train.parquet'}",
+                "trainer.max_epochs=1",
+                "model.d_model=16",
+                "model.num_layers=1",
+            ],
+        )
+    )
+    users = events["user_id"].unique().to_list()
+    last = events["timestamp"].max()
+    bought = pl.DataFrame(
+        {"user_id": users, "item_id": new_id, "timestamp": last, "event_type": "purchase"},
+        schema={k: events.schema[k] for k in ("user_id", "item_id", "timestamp", "event_type")},
+    )
+    log = pl.concat([events.drop("category"), bought.select(events.drop("category").columns)])
+    log.write_parquet(tmp_path / "score.parquet")
+    scoring = [
+        *data,
+        f"data.source={tmp_path / 'score.parquet'}",
+        f"model_ref={trained.checkpoint}",
+        "retrieval.min_history=1000",  # every list from the fallback, which knows new items
+        "retrieval.rules.exclude=none",
+        f"retrieval.output.path={tmp_path / 'recs'}",
+    ]
+    folder = score.run(make_config("score", scoring))
+    recs = read_parts(folder)
+    assert recs.filter(pl.col("item_id") == new_id)["item_category"].unique().to_list() == ["c01"]
+    pl.concat([table, new.with_columns(pl.lit(["c02"]).alias("category"))]).rename(
+        {"category": "attributes"}
+    ).write_parquet(tmp_path / "i.parquet")
+    with pytest.raises(FileExistsError, match="overwrite=true"):
+        score.run(make_config("score", scoring))

@@ -436,6 +436,68 @@ def test_new_items_come_only_from_the_fallback(setup):
     assert 555_555 in cold[ITEM].to_list()
 
 
+def test_new_items_take_their_category_from_the_item_table(tmp_path):
+    """A model whose attributes came from an item table (the log has no category column, as
+    the S3-Rec files): the scoring log's items new to the model take their attribute set from
+    the table given to scoring (the rarest attribute the model knows is the category), so
+    max_per_category caps them and the output names it. Without the table they had no
+    category: never capped, item_category null."""
+    events = generate_events(num_users=30, num_items=30, num_categories=3, seed=2)
+    table = events.group_by(ITEM).agg(pl.col("category").first())
+    table = table.select(ITEM, pl.concat_list(pl.lit("shop"), "category").alias("attributes"))
+    events = events.drop("category")
+    schema = EventSchema(columns={c: c for c in (USER, ITEM, TIMESTAMP, EVENT_TYPE)})
+    prepare_dataset(
+        events, schema=schema, settings=PrepareSettings(), out_dir=tmp_path / "p", items=table
+    )
+    vocab = Vocab.load(tmp_path / "p")
+    encoder = ATRank(
+        **vocab.encoder_sizes(), num_time_buckets=17, max_seq_len=8, d_model=8, num_layers=1
+    ).eval()
+    encoder.set_item_attributes(torch.from_numpy(vocab.item_attribute_array()))
+    model = LoadedModel(
+        encoder=encoder,
+        vocab=vocab,
+        schema=schema,
+        time_buckets=TimeBuckets(),
+        max_seq_len=8,
+        path=Path("model.ckpt"),
+        target_behaviors=tuple(vocab.behaviors),
+    )
+    known = table[ITEM].head(1).item()
+    category = table.filter(pl.col(ITEM) == known)["attributes"].item()[1]
+    # two new items everyone buys now, of one category the model knows; a third in none
+    a, b, c = (int(events[ITEM].max()) + k for k in (1, 2, 3))
+    new = pl.DataFrame({ITEM: [a, b, c], "attributes": [["shop", category]] * 2 + [["x"]]})
+    last = events[TIMESTAMP].max()
+    users = events[USER].unique().to_list()
+    bought = pl.DataFrame(
+        {
+            USER: users * 3,
+            ITEM: [a] * len(users) + [b] * len(users) + [c] * len(users),
+            EVENT_TYPE: "purchase",
+            TIMESTAMP: last,
+        },
+        schema=events.schema,
+    )
+    log = pl.concat([events, bought])
+    retrieval = {"top_k": TOP_K, "min_history": 10_000, "rules": {"exclude": "none"}}
+    items = pl.concat([table, new])
+    every = {**retrieval, "top_k": 40}  # (the whole catalogue)
+    frame = recommend_frame(model, log, schema=schema, retrieval=every, items=items)
+    shown = dict(frame.filter(pl.col(ITEM) >= a).select(ITEM, "item_category").unique().rows())
+    assert shown == {a: category, b: category, c: "x"}
+    capped = {**retrieval, "rules": {"exclude": "none", "max_per_category": 1}}
+    frame = recommend_frame(model, log, schema=schema, retrieval=capped, items=items)
+    assert frame.group_by(USER, "item_category").len()["len"].max() == 1
+    assert not frame.filter(pl.col(ITEM).is_in([a, b]))[USER].is_duplicated().any()
+    # an item's rows in the table are united; an item the table does not list keeps its events'
+    split = pl.DataFrame({ITEM: [a, a], "attributes": [["shop"], ["x"]]})
+    frame = recommend_frame(model, log, schema=schema, retrieval=every, items=split)
+    shown = dict(frame.filter(pl.col(ITEM) >= a).select(ITEM, "item_category").unique().rows())
+    assert shown[a] == "shop" and shown.get(b) is None
+
+
 def test_explanations_point_to_events_in_the_users_history(setup):
     model, events = setup
     frame = _score(model, events, rerank_top_n=10)
