@@ -122,8 +122,19 @@ def build_encoder(cfg: DictConfig, datamodule: SeqRecDataModule) -> torch.nn.Mod
     encoder = _encoder(
         cfg, **vocab.encoder_sizes(), num_time_buckets=datamodule.time_buckets.num_embeddings
     )
-    if hasattr(encoder, "set_item_attributes"):  # optional: encoders without side information
+    reads = hasattr(encoder, "set_item_attributes")  # optional: encoders without side information
+    if reads:
         encoder.set_item_attributes(torch.from_numpy(vocab.item_attribute_array()))
+        reads = getattr(encoder, "config", {}).get("attribute_dim") != 0
+    if not reads and vocab.attributes.height:
+        log.info(
+            "%s%s reads item ids only: the %d categories / attributes of the data "
+            "(data.columns.category / attributes, data.items) are prepared but not used "
+            "(model=atrank embeds them as a bag)",
+            type(encoder).__name__,
+            " with model.attribute_dim=0" if hasattr(encoder, "set_item_attributes") else "",
+            vocab.attributes.height,
+        )
     return encoder
 
 

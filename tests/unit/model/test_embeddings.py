@@ -331,3 +331,42 @@ def test_a_smaller_embedding_std_moves_the_features_faster_under_adam() -> None:
         moved[std] = (embedding.item_features().detach() - before)[2:, :6].abs().mean().item()
     assert moved[None] == pytest.approx(1e-3 * 6**0.5, rel=0.01)
     assert moved[0.02] == pytest.approx(1e-3 / 0.02, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("model", "reads"),
+    [
+        (["model=atrank"], True),
+        (["model=atrank", "model.attribute_dim=0"], False),
+        (["model=sasrec"], False),
+        (["model=gru4rec"], False),
+    ],
+)
+def test_an_encoder_that_reads_no_item_side_information_says_so(make_config, caplog, model, reads):
+    """Categories, attributes or an item table are prepared for every encoder, but only
+    ATRank's attribute bag reads them: SASRec, GRU4Rec and ATRank with attribute_dim=0 train on
+    item ids alone, which the training log now says rather than dropping them in silence."""
+    from types import SimpleNamespace
+
+    import polars as pl
+
+    from recsys.data.sequences import TimeBuckets
+    from recsys.data.vocab import Vocab
+    from recsys.tasks.train import build_encoder
+
+    vocab = Vocab(
+        items=pl.DataFrame(
+            {"item_id": [7, 8], "index": [2, 3], "attribute_indices": [[2], [2, 3]]},
+            schema_overrides={"index": pl.Int32, "attribute_indices": pl.List(pl.Int32)},
+        ).with_columns(pl.lit(1, dtype=pl.Int64).alias("train_count")),
+        attributes=pl.DataFrame({"attribute": ["shoes", "brand"], "index": [2, 3]}).cast(
+            {"index": pl.Int32}
+        ),
+        behaviors=("view",),
+    )
+    cfg = make_config("config", ["experiment=tiny", *model])
+    data = SimpleNamespace(vocab=vocab, time_buckets=TimeBuckets())
+    with caplog.at_level("INFO", logger="recsys.tasks.train"):
+        build_encoder(cfg, data)
+    said = "reads item ids only: the 2 categories / attributes of the data" in caplog.text
+    assert said is not reads
