@@ -663,10 +663,22 @@ def read_side_by_side(lf: pl.LazyFrame, source: EventSource, schema: EventSchema
     return pl.concat([lf.select(group) for group in groups], how="horizontal").select(names)
 
 
+def check_one_side(columns: Mapping[str, object], option: str, *, source: str = "") -> None:
+    """An item's side information is one attribute set, read from the ``category`` column or
+    from ``attributes``: with both mapped, the attributes replaced the category unseen."""
+    if columns.get(CATEGORY) and columns.get(ATTRIBUTES):
+        raise DataError(
+            f"{source}{option} maps both category ({columns[CATEGORY]!r}) and attributes "
+            f"({columns[ATTRIBUTES]!r}), but an item's side information is one set, read from "
+            f"one of them (the category was left unused): set {option}.attributes=null or "
+            f"{option}.category=null, or put the category into the attribute lists"
+        )
+
+
 def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFrame:
-    """Open an item side table lazily: ``item_id`` plus ``category`` and/or ``attributes``.
+    """Open an item side table lazily: ``item_id`` plus ``category`` or ``attributes``.
     With ``category`` mapped, the default ``attributes: attributes`` applies only where the
-    table has that column."""
+    table has that column, and is then refused with it (:func:`check_one_side`)."""
     name = describe_source(source)
     if not columns.get(ITEM):
         raise DataError("data.item_columns.item_id is not set: name the item id column")
@@ -683,6 +695,7 @@ def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFr
     ):  # the default attributes mapping, with a category mapped: a table of item and category
         columns = {**columns, ATTRIBUTES: None}
         lf = _as_lazy(source, name, _wanted(columns), option="data.items")
+    check_one_side(columns, "data.item_columns", source=f"{name}: ")
     return select_mapped(lf, columns, name=name, option="data.item_columns")
 
 

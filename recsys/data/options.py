@@ -13,6 +13,7 @@ from dataclasses import fields
 from numbers import Number
 from typing import Any
 
+from recsys.data.io import check_one_side
 from recsys.data.pipeline import DEFAULT_ITEM_COLUMNS, PrepareSettings
 from recsys.data.sequences import TimeBuckets
 from recsys.data.split import SplitSettings
@@ -62,10 +63,11 @@ def _label(column: Any) -> Any:
 
 def event_schema(options: Mapping[str, Any]) -> EventSchema:
     columns = {**DEFAULT_COLUMNS, **dict(options.get("columns") or {})}
+    columns = {k: _label(v) for k, v in columns.items() if v is not None and v != ""}  # unmapped
+    check_one_side(columns, "data.columns")
     defaults = EventSchema()
     return EventSchema(
-        # unmapped: null or ""
-        columns={k: _label(v) for k, v in columns.items() if v is not None and v != ""},
+        columns=columns,
         # absent: the default; null or [] given is refused (not silently the default four)
         behaviors=names("data.behaviors", options.get("behaviors", defaults.behaviors)),
         behavior_aliases=dict(options.get("behavior_aliases") or {}),

@@ -134,6 +134,45 @@ def test_item_table_with_attribute_sets(tmp_path):
     assert not ds.timed and ds.events()["timestamp"].null_count() == len(events)
 
 
+@pytest.mark.parametrize("where", ["log", "item table"])
+def test_a_category_and_attributes_both_mapped_are_refused(tmp_path, where):
+    """An item's side information is one set, read from the category or from the attributes:
+    with both mapped the attributes silently replaced the category (in the log, and in an
+    item table that has an attributes column beside the mapped category)."""
+    events = pl.DataFrame(
+        {
+            "user_id": [1] * 6 + [2] * 6,
+            "item_id": [10, 11, 12] * 4,
+            "cat": ["c", "d", "c"] * 4,
+        }
+    ).with_columns(pl.concat_list(pl.lit("tag")).alias("tags"))
+    options = {"split": {"method": "leave_one_out"}, "min_user_events": 3}
+    options["columns"] = {"timestamp": None, "event_type": None}
+    if where == "log":
+        options["columns"] |= {"category": "cat", "attributes": "tags"}
+        option = "data.columns"
+    else:
+        table = events.select(
+            "item_id", pl.col("cat").alias("category"), pl.col("tags").alias("attributes")
+        )
+        options |= {"items": table.unique("item_id"), "item_columns": {"category": "category"}}
+        option = "data.item_columns"
+    with pytest.raises(
+        DataError,
+        match=rf"{option} maps both category .* and attributes .* set "
+        rf"{option}.attributes=null or {option}.category=null",
+    ):
+        rd.prepare(events, tmp_path / "p", **options)
+    assert not (tmp_path / "p").exists()
+    # mapped alone, the category is the side information
+    if where == "log":
+        options["columns"]["attributes"] = None
+    else:
+        options["item_columns"]["attributes"] = None
+    ds = rd.prepare(events, tmp_path / "p", **options)
+    assert sorted(ds.vocab.attributes["attribute"].to_list()) == ["c", "d"]
+
+
 def test_an_item_table_that_lists_no_training_item_is_reported(tmp_path, caplog):
     """A side table of other ids (another numbering, the wrong file) would leave every item
     without its attributes silently: the log says so and stats.json counts the listed items."""
