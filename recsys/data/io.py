@@ -514,8 +514,14 @@ def _as_lazy(
                     f"column(s) {wide} of type object hold integers beyond Int64 and UInt64: "
                     "give such ids as text, e.g. df[col] = df[col].astype(str)"
                 )
-            else:
-                hint = "check the column types"
+            else:  # e.g. lists that mix numbers and strings: name the column(s) that fail
+                failing = [str(c) for c in source.columns if not _converts(source[[c]])]
+                hint = (
+                    f"column(s) {failing} hold values of several types (lists of numbers and "
+                    "strings?): give each column one type, e.g. lists of strings"
+                    if failing
+                    else "check the column types"
+                )
             raise DataError(f"{name} could not be converted to polars: {hint} ({err})") from err
     raise DataError(
         f"cannot read events from {type(source).__name__}: pass a CSV/Parquet path "
@@ -661,6 +667,15 @@ def read_side_by_side(lf: pl.LazyFrame, source: EventSource, schema: EventSchema
         groups[lightest].append(name)
         load[lightest] += size[name]
     return pl.concat([lf.select(group) for group in groups], how="horizontal").select(names)
+
+
+def _converts(frame: pd.DataFrame) -> bool:
+    """Whether polars converts ``frame``."""
+    try:
+        pl.from_pandas(frame)
+    except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 def check_one_side(columns: Mapping[str, object], option: str, *, source: str = "") -> None:

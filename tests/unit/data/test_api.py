@@ -173,6 +173,23 @@ def test_a_category_and_attributes_both_mapped_are_refused(tmp_path, where):
     assert sorted(ds.vocab.attributes["attribute"].to_list()) == ["c", "d"]
 
 
+def test_an_item_table_whose_attribute_lists_mix_types_is_named(tmp_path):
+    """A pandas item table whose attribute lists mix numbers and strings cannot be converted:
+    the message names the column (it said only "check the column types")."""
+    events = pl.DataFrame({"user_id": [1, 1, 1], "item_id": [10, 11, 12]})
+    items = pd.DataFrame({"item_id": [10, 11], "tags": [[1, "x"], ["2"]]})
+    with pytest.raises(DataError, match=r"column\(s\) \['tags'\] hold values of several types"):
+        rd.prepare(
+            events,
+            tmp_path / "p",
+            items=items,
+            columns={"timestamp": None, "event_type": None},
+            item_columns={"attributes": "tags"},
+            split={"method": "leave_one_out"},
+        )
+    assert not (tmp_path / "p").exists()
+
+
 def test_an_item_table_that_lists_no_training_item_is_reported(tmp_path, caplog):
     """A side table of other ids (another numbering, the wrong file) would leave every item
     without its attributes silently: the log says so and stats.json counts the listed items."""
