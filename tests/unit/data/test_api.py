@@ -190,6 +190,29 @@ def test_an_item_table_whose_attribute_lists_mix_types_is_named(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.parametrize(
+    ("where", "column"),
+    [("log", "data.columns.attributes"), ("item table", "data.item_columns.attributes")],
+)
+def test_attribute_lists_of_lists_are_refused_by_column(tmp_path, where, column):
+    """Attributes must be ids: lists of lists were cast by polars, whose failure the item
+    table's message blamed on its ids ("item ids of type Int64 do not match the event log's
+    Int64")."""
+    nested = [[["a"]], [["b"]], [["a"]]]
+    events = pl.DataFrame({"user_id": [1, 1, 1], "item_id": [10, 11, 12], "tags": nested})
+    options = {"columns": {"timestamp": None, "event_type": None}}
+    options["split"] = {"method": "leave_one_out"}
+    if where == "log":
+        options["columns"]["attributes"] = "tags"
+    else:
+        options |= {
+            "items": events.select("item_id", "tags"),
+            "item_columns": {"attributes": "tags"},
+        }
+    with pytest.raises(DataError, match=rf"^{column} column has type List\(List\(String\)\)"):
+        rd.prepare(events, tmp_path / "p", **options)
+
+
 def test_an_item_table_that_lists_no_training_item_is_reported(tmp_path, caplog):
     """A side table of other ids (another numbering, the wrong file) would leave every item
     without its attributes silently: the log says so and stats.json counts the listed items."""
