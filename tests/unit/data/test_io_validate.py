@@ -741,6 +741,30 @@ def test_iso_offsets_of_whole_hours_without_minutes(tmp_path):
     ]
 
 
+def test_timestamps_ending_in_utc_as_bigquery_exports_them(tmp_path):
+    """BigQuery writes a TIMESTAMP to CSV as ``2024-03-10 12:00:00 UTC`` (microseconds when
+    there are any): read as UTC, like a trailing ``Z``, not refused as unparseable (which
+    refused a whole warehouse export, every row a bad_timestamp)."""
+    values = [
+        "2024-03-10 12:00:00 UTC",
+        "2024-03-10 12:00:00.123456 UTC",
+        "2024-03-10T12:00:00UTC",
+        "2024-03-10 12:00 UTC",
+    ]
+    body = "".join(f'1,{i},"{v}",view\n' for i, v in enumerate(values))
+    events = load_events(write(tmp_path, "log.csv", HEADER + body), SCHEMA)
+    assert instants(events) == [
+        utc(2024, 3, 10, 12),
+        datetime(2024, 3, 10, 12, 0, 0, 123_456, tzinfo=UTC),
+        utc(2024, 3, 10, 12),
+        utc(2024, 3, 10, 12),
+    ]
+    # another zone's name is no offset: refused with the row, not read as UTC
+    bad = write(tmp_path, "cet.csv", HEADER + '1,0,"2024-03-10 12:00:00 CET",view\n')
+    with pytest.raises(DataError, match=r"bad_timestamp.*2024-03-10 12:00:00 CET"):
+        load_events(bad, SCHEMA)
+
+
 def test_polars_datetimes_aware_and_naive():
     naive = pl.DataFrame(
         {USER: [1], ITEM: [1], TIMESTAMP: [datetime(2024, 6, 1, 8)], EVENT_TYPE: ["view"]}
@@ -1156,7 +1180,7 @@ def test_text_timestamps_take_the_first_format_that_parses_each_row():
     """Each ISO format is tried only on the rows no earlier one parsed (a coalesce of all nine
     formats parsed every row nine times): the result must be the coalesce's, row by row, for
     numbers, every format, offsets, "Z", broken forms and nulls, in one column."""
-    from recsys.data.validate import _ISO_FORMATS, TIMESTAMP_DTYPE, timestamp_expr
+    from recsys.data.validate import _ISO_FORMATS, _UTC_SUFFIX, TIMESTAMP_DTYPE, timestamp_expr
 
     values = [
         "1511544070", " 1511544070 ", "1115390794.735", "nan", "inf", "-5", "", " ", None, "abc",
@@ -1164,11 +1188,12 @@ def test_text_timestamps_take_the_first_format_that_parses_each_row():
         "2017-11-25 10:00+0100", "2017-11-25T10:00:00", "2017-11-25 10:00:00.123456",
         "2017-11-25T10:00:00Z", "2017-11-25T10:00:00.5z", "2017-11-25T10:00:00-05:30",
         "2017-11-25 10:00:00+01:00", "2017-11-25t10:00", "2017-13-25", "2017-11-25T25:00",
-        "2017-11-25  10:00", "2017-11-25T10:00:00 UTC", "2017-1-5 1:2", "1e9",
+        "2017-11-25  10:00", "2017-11-25T10:00:00 UTC", "2017-11-25 10:00 CET", "2017-1-5 1:2",
+        "1e9",
     ]  # fmt: skip
     frame = pl.DataFrame({"timestamp": pl.Series(values * 3, dtype=pl.String)})
     text = pl.col("timestamp").str.strip_chars()
-    iso = text.str.replace(r"[zZ]$", "+00:00")
+    iso = text.str.replace(_UTC_SUFFIX, "+00:00")
     for unit, scale in (("s", 1_000_000), ("ms", 1_000)):
         reference = pl.coalesce(
             (text.cast(pl.Float64, strict=False) * scale)
