@@ -141,18 +141,20 @@ def check_columns(model: LoadedModel, schema: EventSchema) -> None:
     one bucket of an order-only log (no gap), so real gaps would reach untrained rows."""
     problems = []
     if tuple(schema.behaviors) != tuple(model.schema.behaviors):
+        aliases = ", ".join(f"{raw}: {to}" for raw, to in model.schema.behavior_aliases.items())
+        trained = f" (trained with 'data.behavior_aliases={{{aliases}}}')" if aliases else ""
         problems.append(
             f"behaviours: the model has {list(model.schema.behaviors)}, data.behaviors is "
-            f"{list(schema.behaviors)} (map the log's event types onto the model's with "
-            "data.behavior_aliases)"
+            f"{list(schema.behaviors)}: set data.behaviors=[{','.join(model.schema.behaviors)}]"
+            f" and map the log's event types onto them with data.behavior_aliases{trained}"
         )
     used = [c for c, name in model.schema.columns.items() if name and c != SESSION]
     missing = [c for c in used if not schema.has(c)]
     if missing:
-        wanted = {c: model.schema.columns[c] for c in missing}
+        wanted = " ".join(f"data.columns.{c}={model.schema.columns[c]}" for c in missing)
         problems.append(
-            f"columns: the model was trained with {wanted} (canonical: log column) but the "
-            f"scoring data maps no {missing}: set data.columns.<name>=<your column>"
+            f"columns: the model was trained with {missing} but the scoring data maps none of "
+            f"them: set {wanted} (as trained; your log's columns if named otherwise)"
         )
     if (
         schema.has(TIMESTAMP)

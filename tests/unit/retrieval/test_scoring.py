@@ -1086,6 +1086,29 @@ def test_an_order_only_log_refuses_an_as_of(setup):
             recommend_frame(order_only, ordered, **given)
 
 
+def test_a_log_mapped_otherwise_than_the_model_is_refused_with_the_overrides_to_set(setup):
+    """A scoring job's data settings that differ from the model's were refused with a generic
+    hint: other behaviours asked to map the log's event types with data.behavior_aliases
+    (the fix is data.behaviors, the model's list), and a column left unmapped to set
+    ``data.columns.<name>=<your column>``; the message now names the overrides."""
+    model, events = setup
+    trained = dataclasses.replace(
+        model,
+        schema=EventSchema(
+            columns={**EventSchema().columns, "category": "category_path"},
+            behaviors=("view", "cart", "purchase"),
+            behavior_aliases={"page_view": "view", "checkout": "purchase"},
+        ),
+    )
+    with pytest.raises(DataError) as info:
+        recommend_frame(trained, events, schema=EventSchema(columns={USER: USER, ITEM: ITEM}))
+    message = str(info.value)
+    assert "data.behaviors=[view,cart,purchase]" in message
+    assert "trained with 'data.behavior_aliases={page_view: view, checkout: purchase}'" in message
+    assert "data.columns.category=category_path" in message
+    assert "data.columns.timestamp=timestamp" in message
+
+
 def test_a_model_trained_order_only_refuses_a_timed_log_if_it_reads_time(setup):
     """A model of an order-only log learned one time bucket (no gap); scoring a log with
     timestamps gave its tokens real gaps (buckets up to the last), whose rows it never
