@@ -358,10 +358,12 @@ def run(
             f"{prepared_dir} was prepared with another vocabulary than model={ref} "
             f"(different data or data settings: this data's fingerprint "
             f"{datamodule.stats['fingerprint']}, the model's {model.data_fingerprint}): a model "
-            "is evaluated on the data it was trained on (its own test window), so a model "
-            "trained on an earlier log cannot be evaluated on a newer one; compare models of "
-            "different logs by their training runs' test/* against the baselines measured "
-            'beside them (README "Scheduled retraining")'
+            "is evaluated on the data it was trained on (its own test window): give this job "
+            "the data settings of its training (the same data=... overrides, or "
+            "data.prepared_dir=<the folder it was trained on>). A model trained on an earlier "
+            "log cannot be evaluated on a newer one; compare models of different logs by their "
+            "training runs' test/* against the baselines measured beside them (README "
+            '"Scheduled retraining")'
         )
     datamodule.setup()
     stats = datamodule.stats

@@ -486,6 +486,8 @@ def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, ma
         evaluate.run(other)
     assert "recsys-model-" not in str(info.value)
     assert "Scheduled retraining" in str(info.value)
+    # the usual cause (an evaluate command without the training's data overrides) and its fix
+    assert "data.prepared_dir=<the folder it was trained on>" in str(info.value)
     # the log it prepared for nothing is gone with the refusal (an audit's finding)
     assert not (Path(other.paths.run_dir) / "prepared").exists()
 
