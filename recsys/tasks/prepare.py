@@ -86,9 +86,9 @@ def prepared(cfg: DictConfig) -> Path:
     if differ:
         listed = "; ".join(f"{key}: prepared {was!r}, config {now!r}" for key, was, now in differ)
         settable = [
-            f"{key}={_override_value(was)}"
+            _override(key, was)
             for key, was, _ in differ
-            if key not in ("data.source", "data.items")
+            if key != "data.items" and (key != "data.source" or not _LOADER_CALL.match(str(was)))
         ]
         raise ValueError(
             f"data.prepared_dir={folder} was prepared with other data settings than this "
@@ -97,6 +97,16 @@ def prepared(cfg: DictConfig) -> Path:
             + ", or unset data.prepared_dir to prepare the log with the config's"
         )
     return folder
+
+
+def _override(key: str, value) -> str:
+    """The command-line override that gives a config the prepared ``value`` of ``key``. A raw
+    event name of ``data.behavior_aliases`` is a key the config may lack (Hydra refuses
+    ``data.behavior_aliases.<name>=...`` for it) or have beside the folder's: ``++`` adds or
+    sets it, ``~`` removes it."""
+    if key.startswith("data.behavior_aliases."):
+        return f"~{key}" if value is None else f"++{key}={_override_value(value)}"
+    return f"{key}={_override_value(value)}"
 
 
 def _override_value(value) -> str:

@@ -5,6 +5,7 @@ the data settings. Each message names the config key the user sets."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polars as pl
@@ -239,6 +240,38 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
     assert "give the config the folder's settings (data.behaviors=[" in str(info.value)
     with pytest.raises(ValueError, match=r"folder's settings \(data.split.method=temporal\)"):
         train.run(make_config("config", [*reuse, "data.split.method=leave_one_out"]))
+
+
+def test_the_overrides_a_refused_prepared_folder_names_make_the_config_reuse_it(
+    make_config, tmp_path
+):
+    """The refusal's overrides, copied onto the command line, must be accepted and make the
+    config the folder's: an alias the config lacked was given as
+    ``data.behavior_aliases.<raw>=<behaviour>``, which Hydra refuses ("Key ... is not in
+    struct"), and a log file's ``data.source`` was left out of them."""
+    log = tmp_path / "events.parquet"
+    generate_events(num_users=60, num_items=40, num_categories=4, seed=3).write_parquet(log)
+    data = [
+        "data=events_file",
+        f"data.source={log}",
+        "data.columns.category=category",
+        "data.behaviors=[view,cart,purchase]",
+        "data.behavior_aliases={click: view}",
+        "data.bad_rows.null_id=drop",
+    ]
+    folder = prepare.run(make_config("config", data), tmp_path / "prepared")
+    for config in (
+        ["experiment=tiny"],  # the default data: the training's data overrides forgotten
+        [*data, "++data.behavior_aliases.fav=purchase"],  # an alias the folder lacks
+    ):
+        reuse = [*config, f"data.prepared_dir={folder}"]
+        with pytest.raises(ValueError, match="was prepared with other data settings") as info:
+            prepare.prepared(make_config("config", reuse))
+        fix = re.search(
+            r"give the config the folder's settings \((.*)\), or unset", str(info.value)
+        )
+        assert fix is not None, str(info.value)
+        assert prepare.prepared(make_config("config", [*reuse, *fix[1].split()])) == folder
 
 
 @pytest.mark.parametrize(
