@@ -202,7 +202,9 @@ def load_events(
 ) -> pl.DataFrame:
     """Read, type and check a (small enough) event log in memory with the same rules as
     :func:`prepare_dataset`: ``error`` kinds raise :class:`DataError`; ``drop`` kinds are
-    removed and counted in a warning. Duplicates are kept (callers dedupe). Columns:
+    removed and counted in a warning. The repeats of an identical event (``duplicate``, found
+    among the good rows as preparation finds them) are refused or counted by that policy, but
+    kept: callers dedupe (so the log's fingerprint is the one its rows give). Columns:
     ``user_id, item_id, timestamp, event_type, attributes`` (+ ``session_id``)."""
     policy = bad_rows or BadRowPolicy()
     name = describe_source(source)
@@ -212,17 +214,23 @@ def load_events(
         lf.pipe(normalize, schema=schema).pipe(classify, as_of=as_of), name
     ).lazy()
     counts = problem_summary(classified)
+    clean = classified.filter(pl.col(PROBLEM).is_null()).collect(engine=LOCAL)
+    ordered = transforms.in_event_order(clean)
+    repeats = ordered.filter(~transforms.first_occurrence(ordered))
+    if repeats.height:
+        counts["duplicate"] = repeats.height
     enforce(
         counts,
         policy,
         source_name=name,
-        examples=classified,
+        examples=pl.concat(
+            [classified, repeats.lazy().with_columns(pl.lit("duplicate").alias(PROBLEM))]
+        ),
         schema=schema,
         as_of=as_of,
         locator=partial(row_locator, source, schema),
     )
     log_summary(counts, source_name=name)
-    clean = classified.filter(pl.col(PROBLEM).is_null()).collect(engine=LOCAL)
     if clean.height == 0 and any(counts.values()):
         bad = {kind: count for kind, count in counts.items() if count}
         raise DataError(

@@ -1052,6 +1052,20 @@ def test_a_log_later_than_now_scores_up_to_a_later_as_of(setup):
         recommend_frame(model, later, as_of=events["timestamp"].max())
 
 
+def test_scoring_applies_the_duplicate_policy(setup, caplog):
+    """Scoring applies data.bad_rows to the log it scores, duplicates included: a repeated
+    event was removed silently whatever data.bad_rows.duplicate said (``error`` did not stop
+    the job, and ``drop``'s warning did not count the repeats preparation counts)."""
+    model, events = setup
+    repeated = pl.concat([events, events.slice(7, 2)])  # rows 7 and 8 again, at the end
+    with pytest.raises(DataError, match=r"2 row\(s\) .*\[duplicate\] \(row \d+, row \d+\)"):
+        recommend_frame(model, repeated, bad_rows={"duplicate": "error"})
+    with caplog.at_level("WARNING", logger="recsys.data.validate"):
+        dropped = recommend_frame(model, repeated)  # the default policy: drop
+    assert "2 bad row(s) set aside by data.bad_rows policy: duplicate=2" in caplog.text
+    assert_frame_equal(dropped, recommend_frame(model, events))
+
+
 def test_a_log_whose_every_row_is_set_aside_says_so(setup):
     model, events = setup
     odd = events.head(5).with_columns(pl.lit("wishlist").alias("event_type"))
