@@ -442,6 +442,7 @@ def run(
         job=job,
         overwrite=bool(output_cfg.get("overwrite", False)) if overwrite is None else overwrite,
     )
+    found = output.complete  # this job's output already there: nothing is written
     try:  # the output path is held until the output is committed or the job fails
         device = pick_device(retrieval.get("accelerator", "auto"), option="retrieval.accelerator")
         timings = {}
@@ -502,9 +503,11 @@ def run(
         tracker.log_artifact(output.path / SUMMARY_FILE, "score")
         tracker.log_artifact(output.path / PLOTS_FOLDER, "score/plots")
     log.info(
-        "wrote %d recommendations for %d users to %s in %.1f s (coverage %.1f%%, fallback %.1f%%)",
+        "%s %d recommendations for %d users %s %s in %.1f s (coverage %.1f%%, fallback %.1f%%)",
+        "found" if found else "wrote",
         summary["rows"],
         data.store.num_users,
+        "in" if found else "to",
         output.path,
         seconds,
         100 * summary["catalogue_coverage"],

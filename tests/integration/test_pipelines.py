@@ -213,7 +213,7 @@ def test_jobs_given_an_mlflow_model_leave_no_copy_of_it_behind(
     assert "t.parquet" in {f.path for f in client.list_artifacts(evaluated.info.run_id)}
 
 
-def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, tmp_path):
+def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, tmp_path, caplog):
     _, result = main_run
     settings = [
         *TINY_DATA,
@@ -249,8 +249,16 @@ def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, t
     assert len(names) == 8
     for name in [*names, "_summary.json"]:
         assert (whole / name).read_bytes() == (target / name).read_bytes(), name
-    # the same job again is a no-op; another job into the same folder needs overwrite=true
-    assert score.run(cfg) == target
+    # the same job again is a no-op, and its log says so (it said "wrote 1500 recommendations");
+    # another job into the same folder needs overwrite=true
+    caplog.clear()
+    with caplog.at_level("INFO", logger="recsys"):
+        assert score.run(cfg) == target
+    assert "complete output: nothing to do" in caplog.text
+    assert "wrote" not in caplog.text
+    assert re.search(
+        r"found \d+ recommendations for 150 users in " + re.escape(str(target)), caplog.text
+    )
     other = make_config(
         "score", [*settings, f"retrieval.output.path={target}", "retrieval.top_k=3"]
     )
