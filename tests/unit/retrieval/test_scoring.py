@@ -193,9 +193,13 @@ def test_max_per_category(setup):
     assert capped.height == events[USER].n_unique() * TOP_K  # the cap looks deeper, not shorter
 
 
-def _tiny_model(events: pl.DataFrame, schema: EventSchema, tmp_path: Path) -> LoadedModel:
-    """An untrained ATRank over ``events`` prepared with ``schema``."""
-    prepare_dataset(events, schema=schema, settings=PrepareSettings(), out_dir=tmp_path / "p")
+def _tiny_model(
+    events: pl.DataFrame, schema: EventSchema, tmp_path: Path, items: pl.DataFrame | None = None
+) -> LoadedModel:
+    """An untrained ATRank over ``events`` prepared with ``schema`` (and item table ``items``)."""
+    prepare_dataset(
+        events, schema=schema, settings=PrepareSettings(), out_dir=tmp_path / "p", items=items
+    )
     vocab = Vocab.load(tmp_path / "p")
     torch.manual_seed(0)
     encoder = ATRank(
@@ -447,23 +451,7 @@ def test_new_items_take_their_category_from_the_item_table(tmp_path):
     table = table.select(ITEM, pl.concat_list(pl.lit("shop"), "category").alias("attributes"))
     events = events.drop("category")
     schema = EventSchema(columns={c: c for c in (USER, ITEM, TIMESTAMP, EVENT_TYPE)})
-    prepare_dataset(
-        events, schema=schema, settings=PrepareSettings(), out_dir=tmp_path / "p", items=table
-    )
-    vocab = Vocab.load(tmp_path / "p")
-    encoder = ATRank(
-        **vocab.encoder_sizes(), num_time_buckets=17, max_seq_len=8, d_model=8, num_layers=1
-    ).eval()
-    encoder.set_item_attributes(torch.from_numpy(vocab.item_attribute_array()))
-    model = LoadedModel(
-        encoder=encoder,
-        vocab=vocab,
-        schema=schema,
-        time_buckets=TimeBuckets(),
-        max_seq_len=8,
-        path=Path("model.ckpt"),
-        target_behaviors=tuple(vocab.behaviors),
-    )
+    model = _tiny_model(events, schema, tmp_path, items=table)
     known = table[ITEM].head(1).item()
     category = table.filter(pl.col(ITEM) == known)["attributes"].item()[1]
     # two new items everyone buys now, of one category the model knows; a third in none
