@@ -102,6 +102,14 @@ class SequenceStore:
         """(U,) each user's training events (those before ``train_end``)."""
         return np.minimum(self.train_end, self.lengths)
 
+    def positions(self) -> np.ndarray:
+        """(N,) each event's 0-based position in its user's history."""
+        return _rows_and_ranks(self.lengths)[1]
+
+    def training_mask(self) -> np.ndarray:
+        """(N,) whether each event is one of its user's training events (before ``train_end``)."""
+        return self.positions() < np.repeat(self.train_end, self.lengths)
+
     def history(
         self,
         values: np.ndarray,

@@ -127,9 +127,7 @@ def baseline_counts(
     store = datamodule.store
     codes = [NUM_RESERVED + vocab.behaviors.index(b) for b in targets if b in vocab.behaviors]
     ends = np.isin(store.behavior, codes)
-    lengths = np.diff(store.offsets)
-    position = np.arange(len(store.item)) - np.repeat(store.offsets[:-1], lengths)
-    counted = ends & (position < np.repeat(store.train_end, lengths))
+    counted = ends & store.training_mask()
     counts = np.bincount(store.item[counted], minlength=vocab.num_items)
     counts[:NUM_RESERVED] = 0  # PAD and UNK: never recommended
     pairs = TransitionCounts.from_sequences(

@@ -621,9 +621,7 @@ def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> Non
     wanted = trained_targets(cfg, behaviors)
     datamodule.setup()
     store = datamodule.store
-    lengths = np.diff(store.offsets)
-    position = np.arange(len(store.behavior)) - np.repeat(store.offsets[:-1], lengths)
-    target = (position >= 1) & (position < np.repeat(store.train_end, lengths))
+    target = (store.positions() >= 1) & store.training_mask()  # a training event after another
     codes = np.unique(store.behavior[target]) - NUM_RESERVED  # PAD/UNK: below 0
     present = {behaviors[c] for c in codes if 0 <= c < len(behaviors)}
     if not present & set(wanted):

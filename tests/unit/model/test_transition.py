@@ -289,11 +289,24 @@ def test_baselines_count_the_evaluated_behaviours_events() -> None:
     Now an item counts its training purchases, and a pair only when it ends in one."""
     from types import SimpleNamespace
 
+    import polars as pl
+
+    from recsys.data.dataset import SequenceStore
     from recsys.tasks.evaluate import baseline_counts
 
     view, purchase = 2, 3  # behaviour codes: NUM_RESERVED + index in the vocabulary
     behavior = np.array([view, purchase, view, view, purchase, view, purchase, view, purchase])
-    store = SimpleNamespace(item=ITEM, behavior=behavior, offsets=OFFSETS, train_end=TRAIN_END)
+    users = len(OFFSETS) - 1
+    store = SequenceStore(
+        user_id=pl.Series(range(users)),
+        offsets=OFFSETS,
+        item=ITEM,
+        behavior=behavior,
+        timestamp=np.arange(len(ITEM)),
+        train_end=TRAIN_END,
+        val_target=np.full(users, -1),
+        test_target=np.full(users, -1),
+    )
     vocab = SimpleNamespace(
         behaviors=("view", "purchase"),
         num_items=6,
