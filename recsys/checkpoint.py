@@ -53,6 +53,9 @@ class LoadedModel:
     path: Path
     target_behaviors: tuple[str, ...] | None = None  # what it was trained to predict; None = any
     data_fingerprint: str | None = None
+    # what the prepared data it was trained on records of its data settings (stats.json's
+    # tasks.prepare.DATA_SETTINGS_KEYS); None in a checkpoint written before they were kept
+    data_settings: dict | None = None
     # training.transition_prior: added to the encoder's scores by evaluation and scoring
     transition_prior: TransitionPrior | None = None
 
@@ -65,6 +68,7 @@ def checkpoint_extra(
     max_seq_len: int,
     data_fingerprint: str,
     target_behaviors: list[str] | None = None,
+    data_settings: dict | None = None,
 ) -> dict:
     """What a checkpoint needs besides the encoder to score a fresh log (plain values only)."""
     return {
@@ -78,6 +82,7 @@ def checkpoint_extra(
         "max_seq_len": max_seq_len,
         "data_fingerprint": data_fingerprint,
         "target_behaviors": None if target_behaviors is None else list(target_behaviors),
+        "data_settings": data_settings,
     }
 
 
@@ -245,6 +250,7 @@ def _rebuild(meta: dict, state_dict: dict, path: Path) -> LoadedModel:
             None if meta.get("target_behaviors") is None else tuple(meta["target_behaviors"])
         ),
         data_fingerprint=meta.get("data_fingerprint"),
+        data_settings=meta.get("data_settings"),
         transition_prior=(
             None
             if meta.get("transition_prior") is None

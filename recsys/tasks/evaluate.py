@@ -339,6 +339,16 @@ def run(
         splits="/".join("validation" if s == "val" else s for s in splits),
         trained_by=f"model={ref} was trained (by its training.behavior_weights)",
     )
+    # before the data is prepared: the data settings its checkpoint records
+    prepare.refuse_other_settings(
+        model.data_settings,
+        cfg,
+        trained=f"model={ref}",
+        fix="a model is evaluated on the data it was trained on (its own test window): give "
+        "this job the data settings of its training",
+        otherwise=", e.g. the same +experiment=<name> or data=... overrides as its training",
+        model_reads=("data.time_buckets",),  # (note_trained_settings)
+    )
     prepared_now = prepared_dir is None and not cfg.data.prepared_dir  # into this run's folder
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
@@ -351,13 +361,15 @@ def run(
     if datamodule.vocab.content_hash() != model.vocab.content_hash():
         if prepared_now:  # a refused job leaves no copy of the log behind
             shutil.rmtree(prepared_dir, ignore_errors=True)
+        recorded = (model.data_settings or {}).get("source")
+        trained_on = f": it was trained on data.source={recorded}" if recorded else ""
         # named as the user gave it: a model fetched from MLflow sits in a temporary copy
         raise ValueError(
             f"{prepared_dir} was prepared with another vocabulary than model={ref} "
             f"(different data or data settings: this data's fingerprint "
             f"{datamodule.stats['fingerprint']}, the model's {model.data_fingerprint}): a model "
             "is evaluated on the data it was trained on (its own test window): give this job "
-            "the data settings of its training (the same data=... overrides, or "
+            f"the data settings of its training (the same data=... overrides{trained_on}, or "
             "data.prepared_dir=<the folder it was trained on>). A model trained on an earlier "
             "log cannot be evaluated on a newer one; compare models of different logs by their "
             "training runs' test/* against the baselines measured beside them (README "

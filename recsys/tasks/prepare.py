@@ -63,40 +63,97 @@ def prepared(cfg: DictConfig) -> Path:
             f"first (python -m pipelines.prepare data.prepared_dir={folder}, with this job's "
             "data settings), or drop data.prepared_dir to prepare into the run folder"
         ) from err
+    settings, sources = data_differences(stats, cfg)
+    if differ := settings + sources:
+        raise ValueError(
+            f"data.prepared_dir={folder} was prepared with other data settings than this "
+            f"config's ({listed(differ)}): give the config the folder's settings"
+            + (f" ({' '.join(settable)})" if (settable := overrides(differ)) else "")
+            + ", or unset data.prepared_dir to prepare the log with the config's"
+        )
+    return folder
+
+
+# What a prepared folder's stats.json records of the config that prepared it, and what a
+# checkpoint keeps of it (``data_settings``) to name the data settings of its training
+DATA_SETTINGS_KEYS = ("settings", "schema", "source", "items_source", "item_columns")
+
+
+def data_differences(recorded: dict, cfg: DictConfig) -> tuple[list, list]:
+    """How ``cfg``'s data settings differ from those ``recorded`` (a prepared folder's
+    ``stats.json``, or the ``DATA_SETTINGS_KEYS`` of it a checkpoint keeps): ``(settings,
+    sources)``, each a list of ``(key, recorded value, config value)``. ``data.partition_rows``
+    is the work layout, not the data, so it is not compared; a source prepared from an
+    in-memory frame (a notebook's ``rd.prepare(df, ...)``) names nothing to compare."""
     config = {**prepare_settings(cfg.data).to_dict(), **event_schema(cfg.data).to_dict()}
     config = json.loads(json.dumps(config, default=str))  # as stats.json holds it
-    folder_settings = {**stats.get("settings", {}), **stats.get("schema", {})}
-    differ = [
+    folder_settings = {**recorded.get("settings", {}), **recorded.get("schema", {})}
+    settings = [
         difference
         for difference in _flat_differences("data", folder_settings, config)
-        if difference[0] != "data.partition_rows"  # the work layout, not the data
+        if difference[0] != "data.partition_rows"
     ]
     items = cfg.data.get("items")
-    sources = [("data.source", stats.get("source", ""), _source_name(cfg.data.source))]
-    items_now = None if items is None else _source_name(items)
-    sources.append(("data.items", stats["items_source"], items_now))
-    if items is not None and stats["item_columns"] is not None:
+    if items is not None and recorded.get("item_columns") is not None:
         columns = {"item_columns": item_columns(cfg.data)}
-        differ += _flat_differences("data", {"item_columns": stats["item_columns"]}, columns)
-    differ += [
+        settings += _flat_differences("data", {"item_columns": recorded["item_columns"]}, columns)
+    items_now = None if items is None else _source_name(items)
+    sources = [
+        ("data.source", recorded.get("source", ""), _source_name(cfg.data.source)),
+        ("data.items", recorded.get("items_source"), items_now),
+    ]
+    sources = [
         (key, was, now)
         for key, was, now in sources
         if not str(was).startswith("<in-memory") and not _same_source(was, now)
     ]
-    if differ:
-        listed = "; ".join(f"{key}: prepared {was!r}, config {now!r}" for key, was, now in differ)
-        settable = [
-            _override(key, was)
-            for key, was, _ in differ
-            if key != "data.items" and (key != "data.source" or not _LOADER_CALL.match(str(was)))
-        ]
-        raise ValueError(
-            f"data.prepared_dir={folder} was prepared with other data settings than this "
-            f"config's ({listed}): give the config the folder's settings"
-            + (f" ({' '.join(settable)})" if settable else "")
-            + ", or unset data.prepared_dir to prepare the log with the config's"
-        )
-    return folder
+    return settings, sources
+
+
+def refuse_other_settings(
+    recorded: dict | None,
+    cfg: DictConfig,
+    *,
+    trained: str,
+    fix: str,
+    otherwise: str,
+    model_reads: tuple[str, ...] = (),
+) -> None:
+    """Refuse, before any data is prepared, a config whose data settings differ from those
+    ``recorded`` by the checkpoint that ``trained`` names (``model=<ref>``, ``resume=...``):
+    the message lists them, says ``fix`` with the overrides that give the recorded settings,
+    then ``otherwise``. Settings under ``model_reads`` (``data.time_buckets``: a loaded model
+    reads histories with its own) do not count. A source that differs alone is not refused: a
+    log moved to another path is the same data, which the data fingerprint decides after
+    preparing. A checkpoint from before the settings were recorded (``recorded`` None) is not
+    checked here."""
+    if recorded is None:
+        return
+    settings, sources = data_differences(recorded, cfg)
+    settings = [d for d in settings if not d[0].startswith(tuple(f"{k}." for k in model_reads))]
+    if not settings:
+        return
+    differ = settings + sources
+    fixes = overrides(differ)
+    raise ValueError(
+        f"{trained} was trained on data prepared with other data settings than this config's "
+        f"({listed(differ)}): {fix}" + (f" ({' '.join(fixes)})" if fixes else "") + otherwise
+    )
+
+
+def listed(differences: list) -> str:
+    """``data_differences`` for a message: ``key: prepared 'a', config 'b'; ...``."""
+    return "; ".join(f"{key}: prepared {was!r}, config {now!r}" for key, was, now in differences)
+
+
+def overrides(differences: list) -> list[str]:
+    """The command-line overrides that give a config the recorded side of ``differences``
+    (those that can be typed: not an item table, nor a loader's call)."""
+    return [
+        _override(key, was)
+        for key, was, _ in differences
+        if key != "data.items" and (key != "data.source" or not _LOADER_CALL.match(str(was)))
+    ]
 
 
 def _override(key: str, value) -> str:

@@ -747,6 +747,15 @@ def _prepared(cfg: DictConfig) -> Path:
     checkpoint's data first, so a refused resume (the log changed meanwhile) leaves the
     interrupted run's data as it was."""
     target = _resume_target(cfg)
+    if target is not None:  # before the log is prepared: the settings the checkpoint records
+        value, path, saved = target
+        prepare.refuse_other_settings(
+            saved.get("data_settings"),
+            cfg,
+            trained=f"resume={value}: {path}",
+            fix="resume with the data settings of the interrupted run",
+            otherwise=", or drop resume to start fresh",
+        )
     if target is None or cfg.data.prepared_dir:
         return prepare.prepared(cfg)
     final = Path(cfg.paths.run_dir) / "prepared"
@@ -1226,6 +1235,7 @@ def _run(
             max_seq_len=cfg.data.max_seq_len,
             data_fingerprint=datamodule.stats["fingerprint"],
             target_behaviors=trained_targets(cfg, datamodule.vocab.behaviors),
+            data_settings={k: datamodule.stats.get(k) for k in prepare.DATA_SETTINGS_KEYS},
         ),
     )
     rankable = datamodule.vocab.num_items - NUM_RESERVED

@@ -480,16 +480,14 @@ def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, ma
     copy fetched out of MLflow (gone by the time the message is read)."""
     cfg, result = main_run
     run_id = result.run.split()[2]
-    other = make_config(
-        "evaluate",
-        [
-            f"model_ref={run_id}",
-            f"logger.tracking_uri={cfg.logger.tracking_uri}",
-            *TINY_DATA,
-            "data.source.seed=5",  # another log: other items in training
-            "training.rerank_top_n=20",
-        ],
-    )
+    other_overrides = [
+        f"model_ref={run_id}",
+        f"logger.tracking_uri={cfg.logger.tracking_uri}",
+        *TINY_DATA,
+        "data.source.seed=5",  # another log: other items in training
+        "training.rerank_top_n=20",
+    ]
+    other = make_config("evaluate", other_overrides)
     with pytest.raises(ValueError, match=rf"another vocabulary than model={run_id} ") as info:
         evaluate.run(other)
     assert "recsys-model-" not in str(info.value)
@@ -498,6 +496,21 @@ def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, ma
     assert "data.prepared_dir=<the folder it was trained on>" in str(info.value)
     # the log it prepared for nothing is gone with the refusal (an audit's finding)
     assert not (Path(other.paths.run_dir) / "prepared").exists()
+    # the source alone differed, and the fingerprint decided; the same log with other data
+    # settings than its training's is refused before anything is prepared, with the overrides
+    # that give the training's (its checkpoint records them)
+    trained = [a for a in other_overrides if a != "data.source.seed=5"]
+    for setting, fix in (
+        ("data.split.method=leave_one_out", "data.split.method=temporal"),
+        ("data.min_user_events=3", "data.min_user_events=2"),
+    ):
+        cfg = make_config("evaluate", [*trained, setting])
+        with pytest.raises(
+            ValueError, match=rf"model={run_id} was trained on data prepared"
+        ) as info:
+            evaluate.run(cfg)
+        assert f"({fix})" in str(info.value), str(info.value)
+        assert not Path(cfg.paths.run_dir).exists() or not written(Path(cfg.paths.run_dir))
 
 
 def written(folder: Path) -> list[Path]:
@@ -804,6 +817,12 @@ def test_interrupted_training_resumes_from_its_last_epoch(make_config, monkeypat
     before = {p.name: p.read_bytes() for p in prepared.iterdir()}
     with pytest.raises(ValueError, match="was trained on other data"):
         train.run(make_config("config", [*again, "data.source.num_users=160"]))
+    # other data settings are refused before the log is prepared, naming the run's
+    with pytest.raises(
+        ValueError, match=r"last.ckpt was trained on data prepared with other"
+    ) as info:
+        train.run(make_config("config", [*again, "data.min_user_events=3"]))
+    assert "(data.min_user_events=2), or drop resume" in str(info.value)
     # the refused resume left the run's data as it was, so it can still be continued
     assert {p.name: p.read_bytes() for p in prepared.iterdir()} == before
     staged = [p.name for p in prepared.parent.iterdir() if p.name.startswith(".")]

@@ -901,6 +901,7 @@ def test_evaluating_a_model_on_targets_it_was_not_trained_for_is_refused(
         time_buckets=TimeBuckets(),
         target_behaviors=("purchase",),
         vocab=SimpleNamespace(behaviors=("view", "click", "cart", "purchase")),
+        data_settings=None,  # (a checkpoint that records none)
     )
 
     monkeypatch.setattr(evaluate, "load_model", lambda ref, logger: (model, {}))
