@@ -6,11 +6,11 @@ python -m pipelines.run [hydra overrides]
 import hydra
 from omegaconf import DictConfig
 
-import recsys.config  # noqa: F401  (registers the ${abspath:} resolver before Hydra resolves)
+import recsys.config  # (registers the ${abspath:} resolver before Hydra resolves)
 from recsys.tasks import evaluate, main
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=recsys.config.config_dir(), config_name="config")
 def entry(cfg: DictConfig) -> float:
     with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
         result = main.run(cfg)

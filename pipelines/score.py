@@ -8,11 +8,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-import recsys.config  # noqa: F401  (registers the ${abspath:} resolver before Hydra resolves)
+import recsys.config  # (registers the ${abspath:} resolver before Hydra resolves)
 from recsys.tasks import score
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="score")
+@hydra.main(version_base="1.3", config_path=recsys.config.config_dir(), config_name="score")
 def entry(cfg: DictConfig):
     with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
         return score.run(cfg)

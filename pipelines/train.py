@@ -6,11 +6,11 @@ python -m pipelines.train [hydra overrides]
 import hydra
 from omegaconf import DictConfig
 
-import recsys.config  # noqa: F401  (registers the ${abspath:} resolver before Hydra resolves)
+import recsys.config  # (registers the ${abspath:} resolver before Hydra resolves)
 from recsys.tasks import train
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=recsys.config.config_dir(), config_name="config")
 def entry(cfg: DictConfig):
     if cfg.task_name == "main":  # the main job's config, run as this pipeline (MLflow run
         cfg.task_name = "train"  # name, tag), unless task_name=... names the runs otherwise

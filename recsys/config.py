@@ -36,6 +36,21 @@ def _abspath(path: str) -> str:
     return os.path.abspath(os.path.join(launch, os.path.expanduser(str(path))))
 
 
+def config_dir() -> str:
+    """The folder of recsys' Hydra configs: ``recsys/conf`` (in a clone, a link to the
+    repository's ``conf/``; in an installed package, a copy of it), for :func:`compose` and
+    the ``pipelines``, so that both find them from any working directory."""
+    conf = (Path(__file__).parent / "conf").resolve()
+    if not (conf / "config.yaml").is_file():
+        raise FileNotFoundError(
+            f"recsys' configs are not in {conf} (no config.yaml): this copy of recsys lacks "
+            "them; install it from its repository (pip install <clone or git URL>, or "
+            "pip install -e . in a clone) on a system that keeps symbolic links, where "
+            "recsys/conf links to conf/"
+        )
+    return str(conf)
+
+
 def register_resolvers() -> None:
     """``${abspath:outputs}`` -> an absolute path (resolved against the launch directory)."""
     if not OmegaConf.has_resolver("abspath"):
@@ -382,7 +397,7 @@ def note_trained_settings(data_cfg: Mapping[str, Any], model: Any, ref: object) 
 
 
 def compose(config_name: str = "config", overrides: list[str] | None = None) -> DictConfig:
-    """The repository's ``conf/<config_name>.yaml`` composed with Hydra's compose API, for
+    """recsys' ``conf/<config_name>.yaml`` composed with Hydra's compose API, for
     notebooks and scripts: ``compose("config", ["experiment=tiny", "logger=none"])`` is what
     ``python -m pipelines.run experiment=tiny logger=none`` would run with. For ``score`` and
     ``evaluate``, ``model=<ref>`` names the model to load, as on the command line.
@@ -391,21 +406,16 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
     dated folder under ``paths.output_dir``), unless ``paths.run_dir=<folder>`` is among the
     overrides. Nothing is created until a task runs.
     """
-    from pathlib import Path
-
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import recsys
-
-    conf_dir = Path(recsys.__file__).resolve().parents[1] / "conf"
     overrides = list(overrides or [])
     if config_name in ("score", "evaluate"):  # model=<ref>, as on the command line
         overrides = model_reference_argv(overrides)
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = hydra_compose(config_name, overrides, return_hydra_config=True)
     with open_dict(cfg):
         if not any(o.split("=", 1)[0].lstrip("+~") == "paths.run_dir" for o in overrides):
