@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import shutil
 import warnings
 import weakref
@@ -298,7 +299,9 @@ class Tracker:
     def describe(self) -> str:
         if not self.enabled:
             return "tracking off"
-        return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {self.tracking_uri})"
+        # quoted as a shell needs it: a store in a folder named with a space, say
+        uri = shlex.quote(self.tracking_uri)
+        return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {uri})"
 
 
 def model_requirements() -> list[str]:

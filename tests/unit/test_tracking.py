@@ -1,4 +1,5 @@
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,18 @@ def test_the_lightning_logger_neither_ends_the_run_nor_logs_unprefixed_copies(
     assert run.data.metrics["train/loss"] == 1.5 and not run.data.params
     tracker.finish("FAILED")  # the job decides
     assert tracker.client.get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_the_mlflow_ui_command_a_run_names_works_pasted_in_a_folder_with_a_space(
+    tmp_path, monkeypatch
+):
+    """The main job's last lines name the command that opens its store; a clone in
+    '/home/me/my projects' split the store's path in two at the space."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'my projects' / 'outputs' / 'mlflow.db'}"
+    tracker = Tracker(tracking_uri=uri, experiment_name="t")
+    command = tracker.describe().removeprefix(f"MLflow run {tracker.run_id} (").removesuffix(")")
+    assert shlex.split(command) == ["mlflow", "ui", "--backend-store-uri", uri]
 
 
 def test_disabled_tracker_does_nothing_and_never_imports_mlflow():
