@@ -278,6 +278,50 @@ def test_an_item_table_row_that_would_be_lost_or_merged_is_refused(tmp_path, tab
     assert not (tmp_path / "p").exists()
 
 
+def test_float_categories_name_the_categories_of_the_logs_integers(tmp_path):
+    """A category column that pandas made float to hold a null, written to Parquet (or a polars
+    Float64 column), gave ``3.0`` where the log's integers give ``3``: an item table of such
+    categories, covering some of the items, made two attributes of each category. Whole
+    numbers read as the integers they are (as the same pandas frame does), NaN as none."""
+    events = pl.DataFrame(
+        {"user_id": [1] * 6 + [2] * 6, "item_id": [10, 11, 12, 13, 10, 11, 12, 13] + [10, 11] * 2}
+    ).with_columns(category=pl.col("item_id") % 3)
+    options = {
+        "columns": {"timestamp": None, "event_type": None, "category": "category"},
+        "item_columns": {"category": "category", "attributes": None},
+        "split": {"method": "leave_one_out"},
+    }
+    table = pl.DataFrame({"item_id": [10, 11, 12], "category": [1.0, None, 2.5]})
+    table.write_parquet(tmp_path / "items.parquet")
+    frames = {
+        "parquet": {"items": tmp_path / "items.parquet"},
+        "pandas": {"items": table.to_pandas()},
+        "float log": {"events": events.with_columns(pl.col("category").cast(pl.Float64))},
+        "float lists": {
+            "events": events.with_columns(
+                pl.concat_list(pl.col("category").cast(pl.Float32), pl.lit(float("nan")))
+            ),
+            "columns": {"timestamp": None, "event_type": None, "attributes": "category"},
+        },
+    }
+    for name, given in frames.items():
+        ds = rd.prepare(
+            given.get("events", events),
+            tmp_path / name,
+            **{**options, "columns": given.get("columns", options["columns"])},
+            items=given.get("items"),
+        )
+        names = dict(zip(ds.vocab.attributes["index"], ds.vocab.attributes["attribute"]))
+        sets = {
+            item: [names[i] for i in indices]
+            for item, indices in ds.vocab.items.select("item_id", "attribute_indices").rows()
+        }
+        expected = {10: ["1"], 11: ["2"], 12: ["0"], 13: ["1"]}
+        if "items" in given:  # the table's, where it has one (11: none, so its events')
+            expected[12] = ["2.5"]
+        assert sets == expected, name
+
+
 def test_an_item_table_of_item_and_category_needs_only_the_category_mapped(tmp_path):
     """``item_columns={"category": ...}`` on a table of item_id and category failed on the
     default ``attributes: attributes`` mapping; a misspelt key was not named."""
