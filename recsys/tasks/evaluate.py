@@ -347,7 +347,6 @@ def run(
         fix="a model is evaluated on the data it was trained on (its own test window): give "
         "this job the data settings of its training",
         otherwise=", e.g. the same +experiment=<name> or data=... overrides as its training",
-        model_reads=("data.time_buckets",),  # (note_trained_settings)
     )
     prepared_now = prepared_dir is None and not cfg.data.prepared_dir  # into this run's folder
     prepared_dir = prepared_dir or prepare.prepared(cfg)

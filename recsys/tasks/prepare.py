@@ -51,7 +51,8 @@ def prepared(cfg: DictConfig) -> Path:
     """The prepared dataset a task works on: ``data.prepared_dir`` when set, else the log
     prepared now into the run folder. A reused folder must have been prepared with the
     config's data settings: an override that the folder does not follow is refused rather
-    than logged as if it applied."""
+    than logged as if it applied. ``data.time_buckets`` is not compared: the folder holds
+    each event's time, and buckets are computed from it per batch, as the config says."""
     if not cfg.data.prepared_dir:
         return run(cfg)
     folder = Path(cfg.data.prepared_dir)
@@ -83,15 +84,19 @@ def data_differences(recorded: dict, cfg: DictConfig) -> tuple[list, list]:
     """How ``cfg``'s data settings differ from those ``recorded`` (a prepared folder's
     ``stats.json``, or the ``DATA_SETTINGS_KEYS`` of it a checkpoint keeps): ``(settings,
     sources)``, each a list of ``(key, recorded value, config value)``. ``data.partition_rows``
-    is the work layout, not the data, so it is not compared; a source prepared from an
-    in-memory frame (a notebook's ``rd.prepare(df, ...)``) names nothing to compare."""
+    and ``data.time_buckets`` do not shape the prepared data, so they are not compared; a
+    source prepared from an in-memory frame (a notebook's ``rd.prepare(df, ...)``) names
+    nothing to compare."""
     config = {**prepare_settings(cfg.data).to_dict(), **event_schema(cfg.data).to_dict()}
     config = json.loads(json.dumps(config, default=str))  # as stats.json holds it
     folder_settings = {**recorded.get("settings", {}), **recorded.get("schema", {})}
     settings = [
         difference
         for difference in _flat_differences("data", folder_settings, config)
+        # the work layout, not the data; time buckets are computed from the stored times per
+        # batch (a training takes its config's, a trained model its own)
         if difference[0] != "data.partition_rows"
+        and not difference[0].startswith("data.time_buckets.")
     ]
     items = cfg.data.get("items")
     if items is not None and recorded.get("item_columns") is not None:
@@ -117,20 +122,16 @@ def refuse_other_settings(
     trained: str,
     fix: str,
     otherwise: str,
-    model_reads: tuple[str, ...] = (),
 ) -> None:
     """Refuse, before any data is prepared, a config whose data settings differ from those
     ``recorded`` by the checkpoint that ``trained`` names (``model=<ref>``, ``resume=...``):
     the message lists them, says ``fix`` with the overrides that give the recorded settings,
-    then ``otherwise``. Settings under ``model_reads`` (``data.time_buckets``: a loaded model
-    reads histories with its own) do not count. A source that differs alone is not refused: a
-    log moved to another path is the same data, which the data fingerprint decides after
-    preparing. A checkpoint from before the settings were recorded (``recorded`` None) is not
-    checked here."""
+    then ``otherwise``. A source that differs alone is not refused: a log moved to another
+    path is the same data, which the data fingerprint decides after preparing. A checkpoint
+    from before the settings were recorded (``recorded`` None) is not checked here."""
     if recorded is None:
         return
     settings, sources = data_differences(recorded, cfg)
-    settings = [d for d in settings if not d[0].startswith(tuple(f"{k}." for k in model_reads))]
     if not settings:
         return
     differ = settings + sources

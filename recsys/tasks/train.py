@@ -100,6 +100,8 @@ def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
         max_seq_len=cfg.data.max_seq_len,
         seed=cfg.seed,
         partners=_partners(cfg),
+        # the config's, not the folder's: a reused folder's are not compared (prepare.prepared)
+        time_buckets=time_buckets(to_container(cfg.data)),
         **loader,
     )
 
@@ -815,6 +817,10 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
     changed = {k: (config.get(k), v) for k, v in dict(encoder.config).items() if config.get(k) != v}
     if saved["encoder_target"] != target_name:
         changed["encoder"] = (saved["encoder_target"], target_name)
+    # (a reused data.prepared_dir leaves them to the config: its fingerprint does not say)
+    buckets = asdict(time_buckets(to_container(cfg.data)))
+    if saved["time_buckets"] != buckets:
+        changed["data.time_buckets"] = (saved["time_buckets"], buckets)
     if changed:
         raise ValueError(
             f"resume={value}: {path} holds another model (checkpoint -> this run: "

@@ -1274,6 +1274,28 @@ def test_faithful_preset_trains_on_every_prefix(make_config, tmp_path):
         train.run(bad)
 
 
+@pytest.mark.slow
+def test_a_training_on_a_reused_folder_keeps_its_own_time_buckets_through_a_resume(
+    make_config, tmp_path
+):
+    """A folder prepared with the default time buckets trains ``model=atrank_faithful`` with
+    the preset's (gaps to the target), which its checkpoint records; the folder's fingerprint
+    does not say which buckets a training used, so a resume with others is refused by name."""
+    folder = prepare.run(make_config("config", TINY), tmp_path / "prepared")
+    overrides = [
+        *TINY,
+        "logger=none",
+        "model=atrank_faithful",
+        f"data.prepared_dir={folder}",
+        "callbacks.early_stopping.patience=50",
+    ]
+    trained = train.run(make_config("config", [*overrides, "trainer.max_epochs=1"]))
+    assert load_checkpoint(trained.checkpoint).time_buckets.reference == "target"
+    resume = [*overrides, "trainer.max_epochs=2", "resume=last"]
+    with pytest.raises(ValueError, match=r"holds another model .*data.time_buckets .*86400"):
+        train.run(make_config("config", [*resume, "data.time_buckets.unit_seconds=86400"]))
+
+
 def test_a_schedule_set_in_epochs_learns_the_epoch_length_from_the_trainer(make_config):
     """training.scheduler=warmup_cosine through the real training task: the module hands it
     the steps per epoch, so after one epoch of a 2-epoch horizon with half an epoch of warm-up

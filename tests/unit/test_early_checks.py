@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from recsys.data.sequences import TimeBuckets
 from recsys.data.synthetic import generate_events
 from recsys.tasks import main, prepare, train
 
@@ -229,7 +230,6 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
     assert prepare.prepared(make_config("config", reuse)) == folder
     for override, difference in (
         ("data.split.method=leave_one_out", "data.split.method: prepared 'temporal', config 'le"),
-        ("data.time_buckets.unit_seconds=86400", "config 86400"),
         ("data.behaviors=[view,purchase]", "data.behaviors: prepared ['view', 'click', 'cart'"),
     ):
         with pytest.raises(ValueError, match="was prepared with other data settings") as info:
@@ -240,6 +240,19 @@ def test_a_reused_prepared_folder_must_match_the_data_settings(make_config, tmp_
     assert "give the config the folder's settings (data.behaviors=[" in str(info.value)
     with pytest.raises(ValueError, match=r"folder's settings \(data.split.method=temporal\)"):
         train.run(make_config("config", [*reuse, "data.split.method=leave_one_out"]))
+
+
+def test_a_reused_prepared_folder_takes_the_configs_time_buckets(make_config, tmp_path):
+    """Time buckets are computed from the stored times per batch, so a folder prepared with
+    the default buckets serves ``model=atrank_faithful`` (whose preset measures gaps to the
+    target) and any ``data.time_buckets``: such a folder was refused, naming as the fix
+    ``data.time_buckets.reference=previous``, which is not the faithful model."""
+    folder = prepare.run(make_config("config", ["experiment=tiny"]), tmp_path / "prepared")
+    reuse = ["experiment=tiny", f"data.prepared_dir={folder}", "model=atrank_faithful"]
+    cfg = make_config("config", [*reuse, "data.time_buckets.unit_seconds=86400"])
+    assert prepare.prepared(cfg) == folder
+    buckets = train.build_datamodule(cfg, folder).time_buckets
+    assert buckets == TimeBuckets(unit_seconds=86400, reference="target")
 
 
 def test_the_overrides_a_refused_prepared_folder_names_make_the_config_reuse_it(
