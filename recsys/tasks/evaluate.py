@@ -21,7 +21,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from recsys.config import check_required, note_trained_settings, prepare_settings
+from recsys.config import (
+    check_required,
+    event_schema,
+    note_trained_settings,
+    prepare_settings,
+)
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.dataset import width_multiple
 from recsys.data.io import DataError, read_user_list
@@ -36,6 +41,7 @@ from recsys.model.transition import (
 from recsys.retrieval.output import write_atomically
 from recsys.schema import ITEM, NUM_RESERVED
 from recsys.tasks import prepare
+from recsys.tasks.score import check_columns
 from recsys.tasks.train import (
     check_evaluated_targets,
     data_arguments,
@@ -331,6 +337,9 @@ def run(
             max_seq_len=model.max_seq_len,
         )
     listed = read_user_list(cfg.users) if cfg.get("users") else None
+    # an order-only model on a timed log (or the other way round) may find the same
+    # vocabulary there, but not the times it was trained with
+    check_columns(model, event_schema(cfg.data))
     note_trained_settings(cfg.data, model, ref)
     check_evaluated_targets(
         prepare_settings(cfg.data).split.target_behaviors,

@@ -138,7 +138,8 @@ def settings(retrieval: Mapping[str, Any] | None, model: LoadedModel):
 def check_columns(model: LoadedModel, schema: EventSchema) -> None:
     """Refuse a log that lacks columns or behaviours the model was trained with, and a timed
     log for a model trained order-only that reads time buckets: its time tables learned the
-    one bucket of an order-only log (no gap), so real gaps would reach untrained rows."""
+    one bucket of an order-only log (no gap), so real gaps would reach untrained rows. (The
+    scored log's, and an evaluated one's: :func:`recsys.tasks.evaluate.run`.)"""
     problems = []
     if tuple(schema.behaviors) != tuple(model.schema.behaviors):
         aliases = ", ".join(f"{raw}: {to}" for raw, to in model.schema.behavior_aliases.items())
@@ -153,7 +154,7 @@ def check_columns(model: LoadedModel, schema: EventSchema) -> None:
     if missing:
         wanted = " ".join(f"data.columns.{c}={model.schema.columns[c]}" for c in missing)
         problems.append(
-            f"columns: the model was trained with {missing} but the scoring data maps none of "
+            f"columns: the model was trained with {missing} but this job's data maps none of "
             f"them: set {wanted} (as trained; your log's columns if named otherwise)"
         )
     if (
@@ -163,8 +164,8 @@ def check_columns(model: LoadedModel, schema: EventSchema) -> None:
     ):
         problems.append(
             f"timestamps: the model was trained on an order-only log (data.columns.timestamp="
-            f"null), so its time-gap tables know no gap, but the scoring data maps a timestamp "
-            f"column ({schema.columns[TIMESTAMP]!r}) whose gaps they would be given: score it "
+            f"null), so its time-gap tables know no gap, but this job's data maps a timestamp "
+            f"column ({schema.columns[TIMESTAMP]!r}) whose gaps they would be given: read it "
             "order-only too (data.columns.timestamp=null; each user's events are then taken "
             "in the log's order, so put it in time order first)"
         )

@@ -1517,6 +1517,27 @@ def test_a_sweep_with_one_bad_value_stops_before_any_job_runs(tmp_path, pipeline
     assert not out.exists()  # no sweep folder, no job folder
 
 
+@pytest.mark.slow
+def test_a_model_trained_order_only_is_not_evaluated_on_the_log_with_its_timestamps(make_config):
+    """Evaluation had no order-only / timed check (scoring has, score.check_columns): an ATRank
+    trained on the order-only log was evaluated on the same log with its timestamps (the same
+    leave-one-out split, the same vocabulary), its time tables given gaps they never learned,
+    and reported other metrics than on its own data without a word. Refused before the data
+    is prepared, as scoring refuses it."""
+    data = ["data.split.method=leave_one_out"]
+    trained = train.run(
+        make_config(
+            "config",
+            [*TINY, *data, "logger=none", "trainer.max_epochs=1", "data.columns.timestamp=null"],
+        )
+    )
+    given = ["logger=none", f"model_ref={trained.checkpoint}", *TINY_DATA, *data]
+    with pytest.raises(DataError, match=r"trained on an order-only log .*read it order-only too"):
+        evaluate.run(make_config("evaluate", given))
+    own = evaluate.run(make_config("evaluate", [*given, "data.columns.timestamp=null"]))
+    assert own["test/ndcg_at_10"] >= 0
+
+
 @pytest.mark.parametrize("task", ["evaluate", "score"])
 def test_evaluate_and_score_read_histories_as_trained_and_say_so(
     main_run, make_config, tmp_path, caplog, monkeypatch, task

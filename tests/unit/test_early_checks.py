@@ -906,10 +906,12 @@ def test_evaluating_a_model_on_targets_it_was_not_trained_for_is_refused(
     from types import SimpleNamespace
 
     from recsys.data.sequences import TimeBuckets
+    from recsys.schema import EventSchema
     from recsys.tasks import evaluate
 
     model = SimpleNamespace(  # what evaluation reads of a model before the data is prepared
         encoder=None,
+        schema=EventSchema(),
         max_seq_len=20,
         time_buckets=TimeBuckets(),
         target_behaviors=("purchase",),
