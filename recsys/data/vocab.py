@@ -3,10 +3,11 @@
 Index 0 is PAD and 1 is UNK in every vocabulary; real entries start at 2. Items are ordered by
 training frequency (most frequent first, ties by id) so the layout is deterministic. Each item
 carries its **attribute set** (side information): the attributes an item table gives it, or
-else the most frequent category / attribute list of its training events; an item with none
-has ``[UNK]``. A category is an attribute set of one. Attributes are indexed by the training
-frequency of the items that carry them. This is how every model finds a token's side
-information: ``item_attribute_table()`` is an (items x width) index table, padded with PAD.
+else the most frequent category / attribute set of its training events (listed in any order);
+an item with none has ``[UNK]``. A category is an attribute set of one. Attributes are indexed
+by the training frequency of the items that carry them. This is how every model finds a
+token's side information: ``item_attribute_table()`` is an (items x width) index table, padded
+with PAD.
 
 A :class:`Vocab` round-trips through Parquet (the prepared dataset folder) and through plain
 Python lists (inside checkpoints loaded with ``torch.load(weights_only=True)``).
@@ -134,6 +135,13 @@ class Vocab:
         pairs = pairs.collect(engine="streaming").with_columns(  # faster even in memory
             pl.col(_KEY).cast(pl.String)
         )
+        if pairs[_KEY].str.contains(ATTRIBUTE_SEPARATOR, literal=True).any():
+            # a set, in whatever order (or with repeats) its events list it: ["y", "x"] and
+            # ["x", "y", "x"] are the set {x, y}, counted together (once per distinct pair)
+            canonical = attribute_sets(pl.col(_KEY)).list.unique().list.sort()
+            pairs = pairs.group_by(ITEM, canonical.list.join(ATTRIBUTE_SEPARATOR).alias(_KEY)).agg(
+                pl.col("_n").sum()
+            )
         if pairs[ITEM].n_unique() == pairs.height:
             # one attribute set per item (e.g. one category each): nothing to choose (the
             # choice below sorts every pair by its text key: ~3x this step's time at 1 M events)

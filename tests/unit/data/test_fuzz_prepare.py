@@ -318,14 +318,14 @@ SEP = "\x1f"
 
 def side_key(case: dict, value) -> str | None:
     """The documented side information of one event: a category (stripped; empty = none) or an
-    attribute list (a list, or a string split on the separator), as one key."""
+    attribute set (a list, or a string split on the separator; in any order), as one key."""
     if value is None:
         return None
     if case["side"] == "category":
         value = [value]
     elif case["side"] == "attr_sep":
         value = value.split("|")
-    cleaned = [v.strip() for v in value if v is not None and v.strip()]
+    cleaned = sorted({v.strip() for v in value if v is not None and v.strip()})
     return SEP.join(cleaned) if cleaned else None
 
 

@@ -138,6 +138,17 @@ def test_an_items_most_frequent_attribute_set_wins():
     assert_frame_equal(vocab.items, items_frame([("p", 2, [2, 3], 3), ("q", 3, [4], 1)]))
 
 
+def test_an_attribute_set_is_counted_whatever_order_its_events_list_it_in():
+    """Events that list one set in other orders (or with a repeat) were counted as other sets:
+    p's three events of {x, y} lost to its two of {z}."""
+    rows = [("p", ["y", "x"]), ("p", ["x", "y"]), ("p", ["x", "y", "x"]), ("p", ["z"])] + [
+        ("p", ["z"])
+    ]
+    vocab = Vocab.fit(train_events(rows), behaviors=BEHAVIORS)
+    assert_frame_equal(vocab.attributes, attributes_frame(["x", "y"]))  # z: no item's now
+    assert_frame_equal(vocab.items, items_frame([("p", 2, [2, 3], 5)]))
+
+
 def test_max_item_attributes_keeps_the_most_frequent():
     vocab = Vocab.fit(train_events(MULTI_ROWS), behaviors=BEHAVIORS, max_item_attributes=2)
     # p loses z, the rarest of its attributes; the others have one attribute each
