@@ -255,7 +255,11 @@ def attribute_list(
     col = pl.col(column)
     listed = isinstance(dtype, (pl.List, pl.Array))
     if listed and _id_type(dtype.inner):
-        values = col.cast(pl.List(dtype.inner)).list.eval(_id_text(pl.element(), dtype.inner))
+        values = (
+            col.cast(pl.List(dtype.inner)).list.eval(_id_text(pl.element(), dtype.inner))
+            if dtype.inner.is_float()
+            else col.cast(pl.List(pl.String))  # (as it was: no per-element expression)
+        )
     elif not listed and _id_type(dtype):
         text = _id_text(col, dtype)
         values = text.str.split(separator) if separator else pl.concat_list(text)
