@@ -49,7 +49,12 @@ from recsys.tasks.train import (
     store_transitions,
 )
 from recsys.tracking import Tracker, load_model, use_tracker
-from recsys.training.evaluation import TargetRecords, evaluate, pick_device
+from recsys.training.evaluation import (
+    TargetRecords,
+    evaluate,
+    pick_device,
+    warn_of_few_targets,
+)
 from recsys.training.module import SeqRecModule
 
 log = logging.getLogger(__name__)
@@ -422,6 +427,7 @@ def run(
                 "one, or evaluate another split (splits=...)"
             )
     for split in splits:
+        warn_of_few_targets(split, stats, cfg.training.unknown_targets)
         for segment, loader in loaders[split].items():
             for prefix, module in candidates.items():
                 values = evaluate(

@@ -68,7 +68,7 @@ from recsys.training.callbacks import (
     StopOnDivergence,
     TrainingClock,
 )
-from recsys.training.evaluation import pick_device
+from recsys.training.evaluation import pick_device, warn_of_few_targets
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import SeqRecModule, same_target_partners
 
@@ -1216,6 +1216,8 @@ def _run(
     prepared_dir = _prepared(cfg)
     datamodule = build_datamodule(cfg, prepared_dir)
     check_weighted_targets(cfg, datamodule)
+    # what selects the checkpoint (the test split is warned about where it is evaluated)
+    warn_of_few_targets("val", datamodule.stats, cfg.training.unknown_targets)
     encoder = build_encoder(cfg, datamodule)
     initialised = initialise_from(initial, encoder, datamodule)
     teachers = [] if distillation is None else distillation["teachers"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -79,6 +81,37 @@ def evaluate(
         errors = {f"{name}_stderr": value for name, value in totals.standard_errors().items()}
         return {**totals.compute(), **errors, **coverage.compute()}
     return {**module.per_target_means(split, totals.compute()), **coverage.compute()}
+
+
+# Below this many targets a split's metrics cannot resolve 0.01: one target moves HR@K by
+# 1 / targets (a Taobao sample's 38 test targets: 0.026), and a warning says so
+MIN_EVALUATION_TARGETS = 100
+
+
+def warn_of_few_targets(split: str, stats: Mapping[str, Any], unknown_targets: str) -> None:
+    """Warn when the ``split`` (``val`` or ``test``) of prepared data with ``stats`` has fewer
+    than :data:`MIN_EVALUATION_TARGETS` targets its metrics average over (the ranked ones, and
+    under ``training.unknown_targets=miss`` the unknown-item ones too), naming their number and
+    how far one target moves a hit rate (1 / targets)."""
+    targets = int(stats.get(f"{split}_targets", 0))
+    if unknown_targets == "miss":
+        targets += int(stats.get(f"{split}_targets_unknown_item", 0))
+    if not 0 < targets < MIN_EVALUATION_TARGETS:
+        return
+    log.warning(
+        "the %s split has %d targets (fewer than %d, recsys.training.evaluation."
+        "MIN_EVALUATION_TARGETS): one target moves its HR@K by 1/%d = %.3f (NDCG@K and MRR by "
+        "up to as much), so %s metrics closer than a few times that do not tell models apart; "
+        "evaluate on more users (a longer log, or for a temporal split a larger "
+        "data.split.%s_fraction)",
+        "validation" if split == "val" else split,
+        targets,
+        MIN_EVALUATION_TARGETS,
+        targets,
+        1 / targets,
+        split,
+        split,
+    )
 
 
 # the columns of a per-target table before its metrics, and what identifies a target in it

@@ -343,7 +343,7 @@ def test_schema_mismatch_fails_clearly_and_writes_nothing(main_run, make_config,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.csv"]
 
 
-def test_evaluate_reproduces_test_metrics(main_run, make_config):
+def test_evaluate_reproduces_test_metrics(main_run, make_config, caplog):
     cfg, result = main_run
     eval_cfg = make_config(
         "evaluate",
@@ -354,8 +354,14 @@ def test_evaluate_reproduces_test_metrics(main_run, make_config):
             "training.rerank_top_n=20",
         ],
     )
-    metrics = evaluate.run(eval_cfg)
+    with caplog.at_level("WARNING", logger="recsys.training.evaluation"):
+        metrics = evaluate.run(eval_cfg)
     assert metrics["test/ndcg_at_10"] == pytest.approx(result.metrics["test/ndcg_at_10"])
+    # the tiny log's few test targets: the metrics' resolution is named, once
+    targets = load_stats(Path(cfg.paths.run_dir) / "prepared")["test_targets"]
+    assert targets < 100
+    said = f"the test split has {targets} targets (fewer than 100"
+    assert caplog.text.count(said) == 1 and f"1/{targets} = {1 / targets:.3f}" in caplog.text
     # other time buckets in the data settings: the checkpoint's are used, as trained
     other = make_config(
         "evaluate",
@@ -1789,6 +1795,10 @@ def test_metric_cutoffs_as_deep_as_the_catalogue_are_named_in_a_warning(make_con
     with caplog.at_level("WARNING", logger="recsys.tasks.train"):
         train.run(cfg)
     assert re.search(r"metric_ks \[100000\] reach the catalogue's \d+ rankable items", caplog.text)
+    # the tiny log's validation split, which selects the checkpoint, is named once as small
+    stats = load_stats(Path(cfg.paths.run_dir) / "prepared")
+    small = f"the validation split has {stats['val_targets']} targets (fewer than 100"
+    assert caplog.text.count(small) == 1 and "the test split" not in caplog.text
 
 
 def test_a_diverging_training_stops_before_writing_a_checkpoint_or_recommendations(make_config):
