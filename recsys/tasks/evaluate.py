@@ -21,6 +21,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from recsys.checkpoint import model_digest
 from recsys.config import (
     check_required,
     event_schema,
@@ -45,6 +46,7 @@ from recsys.tasks.score import check_columns
 from recsys.tasks.train import (
     check_evaluated_targets,
     data_arguments,
+    log_config_params,
     naming_keys,
     store_transitions,
 )
@@ -448,7 +450,10 @@ def run(
         target_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(target_file, table.write_parquet)
         log.info("each target's metrics (%d rows): %s", len(table), target_file)
+    own_run = tracker is None  # (the main job's run has logged its config)
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
+        if own_run:
+            log_config_params(tracker, cfg)
         tracker.log_metrics(metrics)
         if target_file:
             tracker.log_artifact(target_file)
@@ -464,6 +469,8 @@ def run(
                     else f"{int(users.sum())} users listed in {cfg.users} (segment_*)"
                 ),
                 **model_tags,
+                "model.digest": model_digest(model),
+                "model.data_fingerprint": str(model.data_fingerprint),
                 "task": cfg.task_name,
             }
         )

@@ -43,6 +43,7 @@ from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
 from recsys.schema import ATTRIBUTES, ITEM, SESSION, TIMESTAMP, EventSchema
 from recsys.tasks.prepare import event_source, item_source
+from recsys.tasks.train import log_config_params
 from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import pick_device
 
@@ -478,10 +479,14 @@ def run(
         output.release()
     summary = json.loads((output.path / SUMMARY_FILE).read_text())
     seconds = time.perf_counter() - started
+    own_run = tracker is None  # (the main job's run has logged its config)
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
+        if own_run:
+            log_config_params(tracker, cfg)
         tracker.set_tags(
             {
                 **model_tags,
+                "model.digest": job["model"],
                 "task": cfg.task_name,  # the pipeline: score, or main for the main job
                 "score.output": str(output.path),
                 "score.as_of": str(as_of or "end of log"),

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from recsys.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
-from recsys.checkpoint import load_checkpoint
+from recsys.checkpoint import load_checkpoint, model_digest
 from recsys.data.io import DataError
 from recsys.data.pipeline import FORMAT_VERSION, STATS_FILE, load_stats
 from recsys.tasks import evaluate, main, prepare, score, train
@@ -169,6 +169,12 @@ def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_co
         filter_string="tags.task = 'score' and tags.`model.run_id` = '" + run_id + "'",
     )
     assert len(scoring_runs) == 2  # by run id and by alias, both linked to the model's run
+    digest = model_digest(load_checkpoint(result.checkpoint))
+    for run in scoring_runs:  # each names its whole config and the model's content
+        assert run.data.params["model_ref"] in (run_id, f"{REGISTERED}@champion")
+        assert run.data.params["retrieval.rerank_top_n"] == "20"
+        assert run.data.params["data.source.num_users"] == "150"
+        assert run.data.tags["model.digest"] == digest
     missing = make_config(
         "score", [f"model_ref={REGISTERED}@nope", f"retrieval.output.path={tmp_path}/d", *common]
     )
@@ -209,6 +215,14 @@ def test_jobs_given_an_mlflow_model_leave_no_copy_of_it_behind(
     assert evaluated.data.tags["model.run_id"] == run_id
     assert evaluated.data.tags["model.uri"] == f"runs:/{run_id}/model"
     assert "test/ndcg_at_10" in evaluated.data.metrics
+    # and with what: its whole config as parameters, the model's content and training data
+    params = evaluated.data.params
+    assert params["model_ref"] == run_id and params["splits"] == "['test']"
+    assert params["training.rerank_top_n"] == "20" and params["data.source.num_users"] == "150"
+    assert params["per_target"] == f"{tmp_path}/t.parquet"
+    tags = evaluated.data.tags
+    assert tags["model.digest"] == model_digest(load_checkpoint(result.checkpoint))
+    assert tags["model.data_fingerprint"] == tags["data.fingerprint"]
     # the per-target file travels with the run
     assert "t.parquet" in {f.path for f in client.list_artifacts(evaluated.info.run_id)}
 
