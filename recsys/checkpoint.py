@@ -58,6 +58,8 @@ class LoadedModel:
     data_settings: dict | None = None
     # training.transition_prior: added to the encoder's scores by evaluation and scoring
     transition_prior: TransitionPrior | None = None
+    # the code that trained it (recsys.code_version()); None: written before it was recorded
+    code: dict | None = None
 
 
 def checkpoint_extra(
@@ -256,6 +258,7 @@ def _rebuild(meta: dict, state_dict: dict, path: Path) -> LoadedModel:
             if meta.get("transition_prior") is None
             else TransitionPrior.from_plain(meta["transition_prior"])
         ),
+        code=meta.get("code"),
     )
 
 

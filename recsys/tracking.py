@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from recsys import code_version
 from recsys.checkpoint import LoadedModel, load_checkpoint, refuse_folder
 
 try:
@@ -116,9 +117,9 @@ class Tracker:
                 )
                 if experiment is not None and artifact_root:
                     _note_artifact_root(experiment, artifact_root)
-        if not run_id:
+        if not run_id:  # (a new run says which code made it; one attached to keeps its own)
             run = self.client.create_run(
-                self.experiment_id, run_name=run_name, tags=dict(tags or {})
+                self.experiment_id, run_name=run_name, tags={**code_tags(), **dict(tags or {})}
             )
             self.run_id = run.info.run_id
         log.info("MLflow run %s at %s", self.run_id, self.tracking_uri)
@@ -302,6 +303,16 @@ class Tracker:
         # quoted as a shell needs it: a store in a folder named with a space, say
         uri = shlex.quote(self.tracking_uri)
         return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {uri})"
+
+
+def code_tags() -> dict[str, str]:
+    """:func:`recsys.code_version` as run tags: ``code.version``, and from a git checkout
+    ``code.git_commit`` and ``code.git_dirty`` (``true`` when tracked files had changed)."""
+    return {
+        f"code.{key}": str(value).lower() if isinstance(value, bool) else str(value)
+        for key, value in code_version().items()
+        if value is not None
+    }
 
 
 def model_requirements() -> list[str]:

@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys import code_version
 from recsys.allocation import cpu_chunk_length, table_chunk_length
 from recsys.checkpoint import CHECKPOINT_KEY, encoder_target
 from recsys.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
@@ -855,6 +856,7 @@ class SeqRecModule(pl.LightningModule):
             "encoder_target": encoder_target(self.encoder),
             "encoder_config": dict(self.encoder.config),
             **self.checkpoint_extra,
+            "code": code_version(),  # the code that trained it (recsys version, git commit)
         }
         if self.transition_prior is not None:
             checkpoint[CHECKPOINT_KEY]["transition_prior"] = self.transition_prior.to_plain()

@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 import torch
 
+import recsys
 from recsys.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
 from recsys.checkpoint import load_checkpoint, model_digest
 from recsys.data.io import DataError
@@ -110,6 +111,10 @@ def test_main_job_mlflow_run(main_run):
     )
     assert run.data.tags["data.fingerprint"] == stats["fingerprint"]
     assert run.data.tags["task"] == "main"  # not the last task's name (score)
+    # the code that trained it, in the run and in the checkpoint
+    assert run.data.tags["code.version"] == recsys.__version__
+    assert run.data.tags.get("code.git_commit") == recsys.code_version()["git_commit"]
+    assert load_checkpoint(result.checkpoint).code == recsys.code_version()
     for key in ("rows_read", "events", "users", "quarantined"):
         assert run.data.tags[f"data.{key}"] == str(stats[key]), key
 

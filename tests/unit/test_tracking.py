@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import recsys
 from recsys.tracking import Tracker, flatten
 
 
@@ -98,6 +99,12 @@ def test_sqlite_run_records_params_metrics_tags_and_artifacts(tmp_path, monkeypa
     assert run.data.params["p149"] == "149"
     assert run.data.metrics["val/ndcg_at_10"] == 0.25
     assert run.data.tags["protocol.split"] == "temporal"
+    # a new run says which code made it (an attached one, as resumed here, keeps its tags)
+    assert run.data.tags["code.version"] == recsys.__version__
+    commit = recsys.code_version()["git_commit"]
+    assert run.data.tags.get("code.git_commit") == commit
+    if commit is not None:
+        assert run.data.tags["code.git_dirty"] in ("true", "false")
     files = [f.path for f in resumed.client.list_artifacts(tracker.run_id, "config")]
     assert files == ["config/a.txt"]
 
