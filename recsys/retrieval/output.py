@@ -28,7 +28,7 @@ from pathlib import Path
 
 import polars as pl
 
-from recsys import locks
+from recsys import code_version, locks
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,13 @@ class PartitionedOutput:
             write_atomically(
                 self.staging / MANIFEST,
                 lambda tmp: Path(tmp).write_text(
-                    json.dumps({"key": self.key, "job": job}, indent=2, default=str)
+                    # the code that started it: not part of the key, so that an upgrade
+                    # neither discards a killed job's parts nor makes its output another job's
+                    json.dumps(
+                        {"key": self.key, "job": job, "code": code_version()},
+                        indent=2,
+                        default=str,
+                    )
                 ),
             )
 

@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from recsys import code_version
 from recsys.checkpoint import LoadedModel, model_digest
 from recsys.config import (
     check_required,
@@ -42,7 +43,7 @@ from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
 from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
 from recsys.schema import ATTRIBUTES, ITEM, SESSION, TIMESTAMP, EventSchema
-from recsys.tasks.prepare import event_source, item_source
+from recsys.tasks.prepare import _source_name, event_source, item_source
 from recsys.tasks.train import log_config_params
 from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import pick_device
@@ -471,6 +472,12 @@ def run(
                 recommendable=int((~recommender.blocked).sum()),
             )
             counts = summary.pop("_counts")
+            scored = {
+                "source": _source_name(cfg.data.source),  # as stats.json names it
+                "fingerprint": fingerprint,
+                "as_of": str(as_of or "end of log"),
+            }
+            summary.update(provenance(model, model_tags, digest=job["model"], data=scored))
             text = json.dumps(summary, indent=2)
             output.write_extra(SUMMARY_FILE, lambda path: Path(path).write_text(text))
             plot({**summary, "_counts": counts}, output.staging / PLOTS_FOLDER)
@@ -520,6 +527,25 @@ def run(
         100 * summary["fallback_share"],
     )
     return output.path
+
+
+def provenance(
+    model: LoadedModel, model_tags: Mapping[str, str], *, digest: str, data: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What produced a scoring output, for its ``_summary.json``: the model (the reference as
+    given and what it resolved to, as the run's ``model.*`` tags, with its ``digest``, its
+    training data's fingerprint and the code that trained it), the scored log (``data``) and
+    the code that scored it (:func:`recsys.code_version`)."""
+    return {
+        "model": {
+            **{key.removeprefix("model."): value for key, value in model_tags.items()},
+            "digest": digest,
+            "data_fingerprint": model.data_fingerprint,
+            "code": model.code,
+        },
+        "data": dict(data),
+        "code": code_version(),
+    }
 
 
 def _list_file_digests(rules: Rules) -> dict[str, str]:

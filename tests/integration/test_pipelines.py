@@ -167,7 +167,8 @@ def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_co
         "score",
         [f"model_ref={REGISTERED}@champion", f"retrieval.output.path={tmp_path}/c", *common],
     )
-    assert read_parts(score.run(by_alias)).equals(expected)
+    by_alias_output = score.run(by_alias)
+    assert read_parts(by_alias_output).equals(expected)
     client = mlflow_client(cfg.logger.tracking_uri)
     scoring_runs = client.search_runs(
         [client.get_experiment_by_name("recsys").experiment_id],
@@ -180,6 +181,27 @@ def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_co
         assert run.data.params["retrieval.rerank_top_n"] == "20"
         assert run.data.params["data.source.num_users"] == "150"
         assert run.data.tags["model.digest"] == digest
+    # the output folder itself says what produced it: the model as named and as resolved, the
+    # scored log and the code (the summary), and the code that started it (the manifest)
+    summary = json.loads((by_alias_output / "_summary.json").read_text())
+    assert summary["model"] == {
+        "uri": f"{REGISTERED}@champion",
+        "version": "1",
+        "run_id": run_id,
+        "digest": digest,
+        "data_fingerprint": load_checkpoint(result.checkpoint).data_fingerprint,
+        "code": recsys.code_version(),  # the code that trained it
+    }
+    (alias_run,) = [r for r in scoring_runs if r.data.params["model_ref"].endswith("@champion")]
+    assert summary["data"] == {
+        "source": "generate_events(num_users=150, num_items=120, num_categories=8, weeks=8.0, "
+        "seed=42)",
+        "fingerprint": alias_run.data.tags["score.data_fingerprint"],
+        "as_of": "end of log",
+    }
+    assert summary["code"] == recsys.code_version()
+    manifest = json.loads((by_alias_output / "_manifest.json").read_text())
+    assert manifest["code"] == recsys.code_version() and manifest["job"]["model"] == digest
     missing = make_config(
         "score", [f"model_ref={REGISTERED}@nope", f"retrieval.output.path={tmp_path}/d", *common]
     )
