@@ -11,6 +11,7 @@ protocol as run tags.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -50,7 +51,7 @@ from recsys.tasks.train import (
     naming_keys,
     store_transitions,
 )
-from recsys.tracking import Tracker, load_model, use_tracker
+from recsys.tracking import Tracker, code_tags, load_model, use_tracker
 from recsys.training.evaluation import (
     TargetRecords,
     evaluate,
@@ -278,6 +279,11 @@ def segment_users(
     return users
 
 
+# the per-target file's Parquet key-value metadata: the evaluation run's tags (protocol.*,
+# data.fingerprint, model.*) and code.*, as JSON
+PER_TARGET_METADATA = "recsys"
+
+
 def per_target_path(cfg: DictConfig) -> Path | None:
     """``cfg.per_target`` (None: no per-target file), checked before any work: a ``.parquet``
     file that does not exist yet (its folder is created)."""
@@ -442,13 +448,30 @@ def run(
                     records=records.get(split) if not segment and not prefix else None,
                 )
                 metrics.update({f"{split}/{segment}{prefix}{k}": v for k, v in values.items()})
+    # how the numbers were measured and of which model: the run's tags, and the per-target file's
+    tags = {
+        **protocol_tags(cfg, datamodule),
+        "protocol.transition_prior": (
+            "none" if prior is None else f"{prior.settings()} (training.transition_prior)"
+        ),
+        "protocol.segment": (
+            "none"
+            if users is None
+            else f"{int(users.sum())} users listed in {cfg.users} (segment_*)"
+        ),
+        **model_tags,
+        "model.digest": model_digest(model),
+        "model.data_fingerprint": str(model.data_fingerprint),
+        "task": cfg.task_name,
+    }
     if target_file:
         table = pl.concat(
             records[split].frame(split, datamodule.store.user_id, model.vocab.items[ITEM])
             for split in splits
         )
         target_file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(target_file, table.write_parquet)
+        described = {PER_TARGET_METADATA: json.dumps({**tags, **code_tags()}, sort_keys=True)}
+        write_atomically(target_file, lambda tmp: table.write_parquet(tmp, metadata=described))
         log.info("each target's metrics (%d rows): %s", len(table), target_file)
     own_run = tracker is None  # (the main job's run has logged its config)
     with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
@@ -457,23 +480,7 @@ def run(
         tracker.log_metrics(metrics)
         if target_file:
             tracker.log_artifact(target_file)
-        tracker.set_tags(
-            {
-                **protocol_tags(cfg, datamodule),
-                "protocol.transition_prior": (
-                    "none" if prior is None else f"{prior.settings()} (training.transition_prior)"
-                ),
-                "protocol.segment": (
-                    "none"
-                    if users is None
-                    else f"{int(users.sum())} users listed in {cfg.users} (segment_*)"
-                ),
-                **model_tags,
-                "model.digest": model_digest(model),
-                "model.data_fingerprint": str(model.data_fingerprint),
-                "task": cfg.task_name,
-            }
-        )
+        tracker.set_tags(tags)
     k = headline_k(cfg.training.metric_ks)
     if prior is not None:
         log.info("the model's scores include the transition prior %s", prior.settings())

@@ -494,6 +494,15 @@ def test_evaluate_writes_each_targets_metrics_and_two_runs_compare_target_by_tar
     }
     table = pl.read_parquet(files[20])
     assert table.columns[:5] == ["split", "user_id", "item_id", "retrieval_rank", "hr_at_5"]
+    # the file says what it measured: the model, the data, the protocol and the code
+    described = json.loads(pl.read_parquet_metadata(files[20])["recsys"])
+    checkpoint = load_checkpoint(result.checkpoint)
+    assert described["model.uri"] == str(Path(result.checkpoint).absolute())
+    assert described["model.digest"] == model_digest(checkpoint)
+    assert described["data.fingerprint"] == checkpoint.data_fingerprint
+    assert described["protocol.ranking"] == "top 20 re-ranked by target attention"
+    assert described["protocol.seen_items"] == "kept" and described["task"] == "evaluate"
+    assert described["code.version"] == recsys.__version__
     stage_one = [c.startswith("retrieval_") for c in table.columns[4:]]
     assert stage_one == sorted(stage_one) and "mrr" in table.columns  # users' metrics first
     for split in ("val", "test"):
