@@ -32,6 +32,7 @@ CHECKPOINT_KEY = "recsys"
 # so that such code refuses a newer checkpoint by name instead of loading it as its own.
 FORMAT_VERSION = 1
 ALLOWED_PACKAGE = "recsys.model."  # checkpoints may only name encoder classes from here
+RUN_ID_KEY = "mlflow_run_id"  # in the recsys entry: the run that trained it (a resume continues it)
 # what load_checkpoint reads from the recsys entry (the others are optional)
 REQUIRED_KEYS = (
     "encoder_target",
@@ -60,6 +61,7 @@ class LoadedModel:
     transition_prior: TransitionPrior | None = None
     # the code that trained it (recsys.code_version()); None: written before it was recorded
     code: dict | None = None
+    run_id: str | None = None  # the MLflow run that trained it (None: tracking was off)
 
 
 def checkpoint_extra(
@@ -259,6 +261,7 @@ def _rebuild(meta: dict, state_dict: dict, path: Path) -> LoadedModel:
             else TransitionPrior.from_plain(meta["transition_prior"])
         ),
         code=meta.get("code"),
+        run_id=meta.get(RUN_ID_KEY),
     )
 
 

@@ -461,6 +461,8 @@ def load_model(
     path, tags = resolve_model(str(ref), logger_cfg, option)
     model = load_checkpoint(path, option=option)
     done_with(path)
+    if model.run_id and "model.run_id" not in tags:  # a checkpoint path: the run it records
+        tags["model.run_id"] = model.run_id
     return model, tags
 
 

@@ -28,6 +28,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from recsys import locks
 from recsys.checkpoint import (
     CHECKPOINT_KEY,
+    RUN_ID_KEY,
     LoadedModel,
     check_format,
     check_loadable,
@@ -675,7 +676,6 @@ def log_run_inputs(tracker: Tracker, cfg: DictConfig, prepared_dir: Path) -> Non
     )
 
 
-RUN_ID_KEY = "mlflow_run_id"  # in the checkpoint's recsys entry: the run a resume continues
 # settings a resumed training takes from its checkpoint, not from the config
 # (Lightning restores early stopping's patience, not its other settings)
 RESTORED_ON_RESUME = (

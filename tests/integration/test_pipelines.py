@@ -174,10 +174,12 @@ def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_co
         [client.get_experiment_by_name("recsys").experiment_id],
         filter_string="tags.task = 'score' and tags.`model.run_id` = '" + run_id + "'",
     )
-    assert len(scoring_runs) == 2  # by run id and by alias, both linked to the model's run
+    # by path (the checkpoint records its run), run id and alias: all linked to the model's run
+    assert len(scoring_runs) == 3
     digest = model_digest(load_checkpoint(result.checkpoint))
     for run in scoring_runs:  # each names its whole config and the model's content
-        assert run.data.params["model_ref"] in (run_id, f"{REGISTERED}@champion")
+        refs = (str(result.checkpoint), run_id, f"{REGISTERED}@champion")
+        assert run.data.params["model_ref"] in refs
         assert run.data.params["retrieval.rerank_top_n"] == "20"
         assert run.data.params["data.source.num_users"] == "150"
         assert run.data.tags["model.digest"] == digest
@@ -498,6 +500,8 @@ def test_evaluate_writes_each_targets_metrics_and_two_runs_compare_target_by_tar
     described = json.loads(pl.read_parquet_metadata(files[20])["recsys"])
     checkpoint = load_checkpoint(result.checkpoint)
     assert described["model.uri"] == str(Path(result.checkpoint).absolute())
+    # given as a path, the model still names the run that trained it (its checkpoint records it)
+    assert described["model.run_id"] == result.run.split()[2]
     assert described["model.digest"] == model_digest(checkpoint)
     assert described["data.fingerprint"] == checkpoint.data_fingerprint
     assert described["protocol.ranking"] == "top 20 re-ranked by target attention"
