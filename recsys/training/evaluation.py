@@ -98,18 +98,19 @@ def warn_of_few_targets(split: str, stats: Mapping[str, Any], unknown_targets: s
         targets += int(stats.get(f"{split}_targets_unknown_item", 0))
     if not 0 < targets < MIN_EVALUATION_TARGETS:
         return
+    word = "validation" if split == "val" else split
     log.warning(
         "the %s split has %d targets (fewer than %d, recsys.training.evaluation."
         "MIN_EVALUATION_TARGETS): one target moves its HR@K by 1/%d = %.3f (NDCG@K and MRR by "
         "up to as much), so %s metrics closer than a few times that do not tell models apart; "
         "evaluate on more users (a longer log, or for a temporal split a larger "
         "data.split.%s_fraction)",
-        "validation" if split == "val" else split,
+        word,
         targets,
         MIN_EVALUATION_TARGETS,
         targets,
         1 / targets,
-        split,
+        word,
         split,
     )
 
