@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 MLFLOW_INPUT_EXAMPLE_ADVICE = r".*An input example was not provided when logging the model"
 
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
+URI_VARIABLE = "MLFLOW_TRACKING_URI"  # the user's store, when set: wins over logger.tracking_uri
 MODEL_ARTIFACT = "model"  # the packaged MLflow model inside a training run
 
 
@@ -90,7 +91,7 @@ class Tracker:
             return
         from mlflow.tracking import MlflowClient
 
-        self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
+        self.tracking_uri = os.environ.get(URI_VARIABLE) or tracking_uri
         if not self.tracking_uri:
             raise ValueError("logger.tracking_uri is empty: set it or MLFLOW_TRACKING_URI")
         if self.tracking_uri.startswith("sqlite:///"):
@@ -169,6 +170,20 @@ class Tracker:
                 # it FINISHED at the end of fit, with the evaluation and scoring still to come
                 # (and left so if the job then died).
                 pass
+
+            @property
+            def experiment(self):
+                # Lightning calls mlflow.set_tracking_uri, which sets MLFLOW_TRACKING_URI in the
+                # process: read as the user's setting, it sent every later job of the process
+                # (a notebook's next job, a sweep's next job) to this store. Left as it was.
+                before = os.environ.get(URI_VARIABLE)
+                try:
+                    return MLFlowLogger.experiment.fget(self)
+                finally:
+                    if before is None:
+                        os.environ.pop(URI_VARIABLE, None)
+                    else:
+                        os.environ[URI_VARIABLE] = before
 
         return _Logger(tracking_uri=self.tracking_uri, run_id=self.run_id)
 
@@ -536,7 +551,7 @@ def resolve_model(
     except Exception as err:  # MLflow's own exception types: the run is not in the store
         raise ValueError(
             f"{option}={text!r}: no MLflow run with that id in "
-            f"{os.environ.get('MLFLOW_TRACKING_URI') or logger_cfg.get('tracking_uri')} "
+            f"{os.environ.get(URI_VARIABLE) or logger_cfg.get('tracking_uri')} "
             f"({type(err).__name__}). Pass a checkpoint path, a run id from `mlflow ui`, or a "
             "registered model as <name>@<alias> (a registered name needs its alias)"
         ) from err

@@ -68,6 +68,28 @@ def test_the_mlflow_ui_command_a_run_names_works_pasted_in_a_folder_with_a_space
     assert shlex.split(command) == ["mlflow", "ui", "--backend-store-uri", uri]
 
 
+def test_a_training_in_this_process_does_not_send_the_next_jobs_runs_to_its_store(
+    tmp_path, monkeypatch
+):
+    """Lightning's MLFlowLogger sets MLFLOW_TRACKING_URI in the process (mlflow.set_tracking_uri
+    does), which recsys reads as the user's: every later job of the process (a notebook's
+    evaluation, the next job of a -m sweep with another paths.output_dir) went to the first
+    training's store instead of its own logger.tracking_uri, silently."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first = Tracker(tracking_uri=f"sqlite:///{tmp_path / 'a.db'}", experiment_name="t")
+    logger = first.lightning_logger()
+    logger.log_metrics({"train/loss": 1.5}, step=0)  # (opens Lightning's client)
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    second = Tracker(tracking_uri=f"sqlite:///{tmp_path / 'b.db'}", experiment_name="t")
+    assert second.tracking_uri == f"sqlite:///{tmp_path / 'b.db'}"
+    # the user's own setting still wins, and is left as it was
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'c.db'}")
+    third = Tracker(tracking_uri=f"sqlite:///{tmp_path / 'a.db'}", experiment_name="t")
+    assert third.tracking_uri == f"sqlite:///{tmp_path / 'c.db'}"
+    third.lightning_logger().log_metrics({"train/loss": 1.0}, step=0)
+    assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path / 'c.db'}"
+
+
 def test_disabled_tracker_does_nothing_and_never_imports_mlflow():
     code = (
         "import sys\n"
