@@ -28,6 +28,7 @@ from recsys.config import (
     event_schema,
     note_trained_settings,
     prepare_settings,
+    sweep_tags,
 )
 from recsys.data.datamodule import SeqRecDataModule, check_loader
 from recsys.data.dataset import width_multiple
@@ -474,7 +475,7 @@ def run(
         write_atomically(target_file, lambda tmp: table.write_parquet(tmp, metadata=described))
         log.info("each target's metrics (%d rows): %s", len(table), target_file)
     own_run = tracker is None  # (the main job's run has logged its config)
-    with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
+    with use_tracker(tracker, cfg.logger, run_name=cfg.task_name, tags=sweep_tags()) as tracker:
         if own_run:
             log_config_params(tracker, cfg)
         tracker.log_metrics(metrics)

@@ -31,6 +31,7 @@ from recsys.config import (
     item_columns,
     note_trained_settings,
     prepare_settings,
+    sweep_tags,
     to_container,
 )
 from recsys.data import options as data_options
@@ -487,7 +488,7 @@ def run(
     summary = json.loads((output.path / SUMMARY_FILE).read_text())
     seconds = time.perf_counter() - started
     own_run = tracker is None  # (the main job's run has logged its config)
-    with use_tracker(tracker, cfg.logger, run_name=cfg.task_name) as tracker:
+    with use_tracker(tracker, cfg.logger, run_name=cfg.task_name, tags=sweep_tags()) as tracker:
         if own_run:
             log_config_params(tracker, cfg)
         tracker.set_tags(

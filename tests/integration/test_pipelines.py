@@ -256,6 +256,43 @@ def test_jobs_given_an_mlflow_model_leave_no_copy_of_it_behind(
     assert "t.parquet" in {f.path for f in client.list_artifacts(evaluated.info.run_id)}
 
 
+def test_evaluate_and_score_jobs_of_a_sweep_are_tagged_with_their_sweep(
+    main_run, make_config, tmp_path
+):
+    """pipelines.evaluate -m / pipelines.score -m (e.g. one model over several user segments):
+    each job's run is tied to its sweep, as a training sweep's are (their runs had no tag)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    _, result = main_run
+    common = [f"model_ref={result.checkpoint}", *TINY_DATA]
+    jobs = {
+        evaluate: ("evaluate", ["training.rerank_top_n=20"]),
+        score: ("score", ["retrieval.rerank_top_n=20", f"retrieval.output.path={tmp_path}/r"]),
+    }
+    instance = HydraConfig.instance()
+    before = instance.cfg
+    for task, (name, overrides) in jobs.items():
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            job = compose(name, [*common, *overrides], return_hydra_config=True)
+        with open_dict(job):  # job 1 of a sweep, as Hydra's multirun launcher sets it
+            job.hydra.mode = "MULTIRUN"
+            job.hydra.job.num = 1
+            job.hydra.sweep.dir = str(tmp_path / "sweep")
+        try:
+            instance.set_config(job)
+            task.run(make_config(name, [*common, *overrides]))
+        finally:
+            instance.cfg = before
+    client = mlflow_client(make_config("evaluate", common).logger.tracking_uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert sorted(r.data.tags["task"] for r in runs) == ["evaluate", "score"]
+    for run in runs:
+        assert run.data.tags["sweep.dir"] == str(tmp_path / "sweep")
+        assert run.data.tags["sweep.job"] == "1"
+
+
 def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, tmp_path, caplog):
     _, result = main_run
     settings = [
