@@ -164,6 +164,7 @@ def load_checkpoint(
         missing.append("state_dict (the weights)")
     if missing:
         raise ValueError(f"{path} cannot be loaded: it lacks {', '.join(missing)}; {fix}")
+    check_finite_weights(checkpoint["state_dict"], path)
     try:
         return _rebuild(meta, checkpoint["state_dict"], path)
     except (KeyError, TypeError, ValueError, RuntimeError, ImportError, AttributeError) as err:
@@ -172,6 +173,28 @@ def load_checkpoint(
             f"{path} cannot be loaded: its model ({meta.get('encoder_target')!r}) could not be "
             f"rebuilt from it ({type(err).__name__}: {first.strip()[:300]}); {fix}"
         ) from err
+
+
+def check_finite_weights(state_dict: dict, path: Path) -> None:
+    """Refuse weights that are not numbers (NaN or inf: a training that diverged, or a file
+    damaged since): every score they reach would be NaN, which ranks first in a top-K, so
+    scoring would write arbitrary recommendations and evaluation report a model that misses
+    every target, neither saying why."""
+    bad = [
+        name
+        for name, weight in state_dict.items()
+        if isinstance(weight, torch.Tensor)
+        and weight.is_floating_point()
+        and not torch.isfinite(weight).all()
+    ]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ValueError(
+            f"{path} holds weights that are not finite (NaN or inf) in {len(bad)} of its "
+            f"{len(state_dict)} tensors ({shown}): the training that wrote it diverged, or the "
+            "file was damaged since; its scores would be NaN. Use an earlier checkpoint, or "
+            "retrain with a lower training.optimizer.lr (or trainer.gradient_clip_val)"
+        )
 
 
 def check_format(meta, path: Path, prefix: str = "") -> None:

@@ -603,3 +603,20 @@ def test_a_scoring_checkpoint_cut_by_a_failed_write_leaves_the_earlier_one(tmp_p
     assert slim.read_bytes() == before
     assert [p.name for p in slim.parent.iterdir()] == ["model.ckpt"]  # no temporary file left
     load_checkpoint(slim)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_checkpoint_with_weights_that_are_not_numbers_is_refused(tmp_path, value):
+    """A checkpoint with one NaN item row (or NaN everywhere) loaded without a word: scoring
+    wrote recommendations scored NaN, that item first for every user (NaN ranks first in a
+    top-K), and evaluation reported NDCG 0. It is refused, naming the file and the tensor."""
+    encoder = make_encoder("atrank")
+    path = write_checkpoint(encoder, encoder.config, tmp_path / "model.ckpt")
+    checkpoint = torch.load(path, weights_only=True)
+    name = next(k for k in checkpoint["state_dict"] if "item_embedding" in k)
+    checkpoint["state_dict"][name][5] = value
+    torch.save(checkpoint, path)
+    with pytest.raises(ValueError, match=r"not finite \(NaN or inf\) in 1 of its") as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value) and f"({name})" in str(info.value)
+    assert "training.optimizer.lr" in str(info.value)
