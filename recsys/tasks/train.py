@@ -909,9 +909,14 @@ TRAINER_SWITCHES = ("enable_progress_bar", "enable_model_summary", "enable_check
 
 def divergence_settings(cfg: DictConfig) -> str:
     """The settings a diverged training names (:class:`StopOnDivergence`)."""
-    lr = (cfg.training.get("optimizer") or {}).get("lr")
+    optimizer = cfg.training.get("optimizer") or {}
+    decay = optimizer.get("weight_decay")
     clip = (cfg.trainer or {}).get("gradient_clip_val")
-    return f"training.optimizer.lr={lr}, trainer.gradient_clip_val={clip}"
+    return (
+        f"training.optimizer.lr={optimizer.get('lr')}, "
+        + ("" if decay is None else f"training.optimizer.weight_decay={decay}, ")
+        + f"trainer.gradient_clip_val={clip}"
+    )
 
 
 def _warn_of_idle_loss_settings(training: DictConfig) -> None:

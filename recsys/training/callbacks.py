@@ -265,12 +265,13 @@ class CheckMonitors(pl.Callback):
 
 
 class StopOnDivergence(pl.Callback):
-    """Stops a training whose loss is no longer finite (NaN or inf: the weights have
-    diverged, e.g. at too high a learning rate) before that epoch is validated, so that no
-    checkpoint is written from the diverged weights and no metrics are logged for them (a NaN
-    score counts as a miss, so validation would only show a low figure). Each step's check
-    stays on the device; it is read once per epoch. ``settings`` names what to change, e.g.
-    ``"training.optimizer.lr=0.1"``."""
+    """Stops a training whose loss or weights are no longer finite (NaN or inf: the weights
+    have diverged, e.g. at too high a learning rate or weight decay) before that epoch is
+    validated, so that no checkpoint is written from the diverged weights and no metrics are
+    logged for them (a NaN score counts as a miss, so validation would only show a low
+    figure). Each step's loss check stays on the device; it is read once per epoch, with the
+    weights (the last step's update can break them after its loss was finite).
+    ``settings`` names what to change, e.g. ``"training.optimizer.lr=0.1"``."""
 
     def __init__(self, settings: str = "") -> None:
         self.settings = settings
@@ -286,22 +287,29 @@ class StopOnDivergence(pl.Callback):
         finite = torch.isfinite(loss.detach()).all()
         self._finite = finite if self._finite is None else self._finite & finite
 
-    def _check(self, trainer: pl.Trainer) -> None:
-        if self._finite is None or bool(self._finite):
-            return
+    def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule | None) -> None:
+        if self._finite is not None and not bool(self._finite):
+            what = "the loss was not finite (NaN or inf)"
+        else:
+            weights = [] if pl_module is None else list(pl_module.named_parameters())
+            bad = [name for name, weight in weights if not torch.isfinite(weight).all()]
+            if not bad:
+                return
+            shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            what = f"the weights were not finite (NaN or inf) after its last step ({shown})"
         self._finite = None
         raise FloatingPointError(
-            f"training diverged: the loss was not finite (NaN or inf) in epoch "
-            f"{trainer.current_epoch}, so the weights are no longer numbers; stopped before "
-            "validating or saving them. Lower the learning rate or clip the gradients harder"
+            f"training diverged: {what} in epoch {trainer.current_epoch}, so the weights are "
+            "no longer numbers; stopped before validating or saving them. Lower the learning "
+            "rate or the weight decay, or clip the gradients harder"
             + (f" ({self.settings})" if self.settings else "")
         )
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._check(trainer)
+        self._check(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._check(trainer)
+        self._check(trainer, pl_module)
 
 
 def bias_corrected_ema(decay: float):

@@ -1906,6 +1906,18 @@ def test_a_diverging_training_stops_before_writing_a_checkpoint_or_recommendatio
     assert not list(run_dir.rglob("recommendations*"))
 
 
+def test_weights_broken_by_an_epochs_last_step_are_not_saved_as_the_best(make_config):
+    """An absurd weight decay overflows every weight in the epoch's only step, whose loss was
+    still finite: the training validated the broken weights (NDCG 0), saved them as best.ckpt
+    and ended with status 0. It now stops before validating them, naming the settings."""
+    overrides = [*TINY, *NO_RERANK, "logger=none", "trainer.max_epochs=1"]
+    overrides += ["+trainer.limit_train_batches=1", "training.optimizer.weight_decay=1e300"]
+    cfg = make_config("config", overrides)
+    with pytest.raises(FloatingPointError, match=r"the weights were not finite .*weight_decay"):
+        train.run(cfg)
+    assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))
+
+
 def test_a_main_job_with_a_transition_prior_and_a_re_rank_stage_is_refused_before_training(
     make_config,
 ):

@@ -61,7 +61,7 @@ def test_stop_on_divergence_reads_the_epochs_losses_once_and_names_the_settings(
     guard = StopOnDivergence("training.optimizer.lr=1000000.0")
     trainer = SimpleNamespace(current_epoch=3)
     guard.on_train_epoch_start(trainer, None)
-    guard._check(trainer)  # no step yet: nothing to refuse
+    guard._check(trainer, None)  # no step yet: nothing to refuse
     for loss in (1.0, 0.5):
         guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, None, 0)
     guard.on_validation_start(trainer, None)  # all finite
@@ -73,6 +73,28 @@ def test_stop_on_divergence_reads_the_epochs_losses_once_and_names_the_settings(
     guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 0)
     with pytest.raises(FloatingPointError, match="training diverged"):
         guard.on_train_epoch_end(trainer, None)
+
+
+def test_stop_on_divergence_reads_the_weights_the_last_step_left():
+    """The last step of an epoch can break the weights after its loss was finite (an update
+    that overflows: training.optimizer.weight_decay=1e300 with one batch per epoch); such
+    weights were validated (NDCG 0), saved as the best checkpoint and the training ended
+    with status 0. The weights are now read too, and named."""
+    from recsys.training.callbacks import StopOnDivergence
+
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    guard = StopOnDivergence("training.optimizer.weight_decay=1e300")
+    trainer = SimpleNamespace(current_epoch=0)
+    guard.on_train_epoch_start(trainer, module)
+    guard.on_train_batch_end(trainer, module, {"loss": torch.tensor(4.3)}, None, 0)
+    guard.on_validation_start(trainer, module)  # finite weights: nothing to refuse
+    with torch.no_grad():
+        module[1].weight[0, 1] = float("inf")
+    message = r"the weights were not finite \(NaN or inf\) after its last step \(1.weight\) in"
+    with pytest.raises(FloatingPointError, match=message + r" epoch 0, .*weight_decay=1e300"):
+        guard.on_validation_start(trainer, module)
+    with pytest.raises(FloatingPointError, match=message):
+        guard.on_train_epoch_end(trainer, module)
 
 
 def test_epoch_log_gives_each_epoch_once_and_why_training_ended_early(caplog):
