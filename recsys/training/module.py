@@ -999,7 +999,16 @@ def _check_optimizer(optimizer: object) -> None:
     if "lr" in keywords and not isinstance(lr, torch.Tensor) and not (number and 0 < lr < math.inf):
         raise ValueError(f"training.optimizer.lr={lr!r} must be a number > 0 (e.g. 0.001)")
     if "weight_decay" in keywords:
-        _check_weight("optimizer.weight_decay", keywords["weight_decay"])
+        decay = _check_weight("optimizer.weight_decay", keywords["weight_decay"])
+        # AdamW's decay is decoupled: each step multiplies every weight by 1 - lr · decay
+        if getattr(optimizer, "func", None) is torch.optim.AdamW and number and lr * decay >= 1:
+            raise ValueError(
+                f"training.optimizer.lr={lr!r} with weight_decay={keywords['weight_decay']!r}: "
+                f"AdamW multiplies every weight by 1 - lr * weight_decay = {1 - lr * decay:g} "
+                "at each step, which sets them to 0 or flips their sign instead of decaying "
+                "them: lower either so that lr * weight_decay is well below 1 (the defaults: "
+                "lr=0.001, weight_decay=0.01)"
+            )
 
 
 def _choice(option: str, value: object, allowed: Sequence[object]) -> None:

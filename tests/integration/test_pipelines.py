@@ -1896,6 +1896,7 @@ def test_a_diverging_training_stops_before_writing_a_checkpoint_or_recommendatio
     """A learning rate far too high made every weight NaN; the job ended with status 0,
     finite-looking metrics (a NaN score is a miss) and recommendations scored NaN."""
     overrides = [*TINY, "logger=none", "trainer.max_epochs=2", "training.optimizer.lr=1e6"]
+    overrides += ["training.optimizer.weight_decay=0"]  # (else refused: lr * weight_decay >= 1)
     cfg = make_config("config", overrides)
     with pytest.raises(FloatingPointError, match=r"training diverged: .*\(training.optimizer.lr=1"):
         main.run(cfg)
@@ -1907,13 +1908,15 @@ def test_a_diverging_training_stops_before_writing_a_checkpoint_or_recommendatio
 
 
 def test_weights_broken_by_an_epochs_last_step_are_not_saved_as_the_best(make_config):
-    """An absurd weight decay overflows every weight in the epoch's only step, whose loss was
-    still finite: the training validated the broken weights (NDCG 0), saved them as best.ckpt
-    and ended with status 0. It now stops before validating them, naming the settings."""
-    overrides = [*TINY, *NO_RERANK, "logger=none", "trainer.max_epochs=1"]
-    overrides += ["+trainer.limit_train_batches=1", "training.optimizer.weight_decay=1e300"]
+    """GRU4Rec at lr=1e3 breaks its weights in the first epoch's last step, whose loss was
+    still finite: the training validated them (NDCG 0), saved them as best.ckpt and, with
+    max_epochs=1, ended with status 0 and recommendations all scored NaN. It now stops before
+    validating them, naming the weights."""
+    overrides = [*TINY, *NO_RERANK, "logger=none", "model=gru4rec", "trainer.max_epochs=1"]
+    overrides += ["training.optimizer.lr=1e3", "training.optimizer.weight_decay=0"]
     cfg = make_config("config", overrides)
-    with pytest.raises(FloatingPointError, match=r"the weights were not finite .*weight_decay"):
+    message = r"the weights were not finite \(NaN or inf\) after its last step \(encoder\."
+    with pytest.raises(FloatingPointError, match=message + r".* in epoch 0, .*lr=1000"):
         train.run(cfg)
     assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))
 

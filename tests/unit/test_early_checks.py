@@ -27,6 +27,16 @@ from recsys.tasks import main, prepare, train
         ("training.optimizer.lr=null", r"^training.optimizer.lr=None must be a number > 0"),
         ("data.max_seq_len=0", r"^data.max_seq_len=0 is invalid"),
         ("training.optimizer.weight_decay=-1", r"^training.optimizer.weight_decay=-1 must be"),
+        # trained without a word: every step set the weights to 0 (or flipped their sign)
+        (
+            "training.optimizer.weight_decay=1000",
+            r"^training.optimizer.lr=0.001 with weight_decay=1000: AdamW multiplies every "
+            r"weight by 1 - lr \* weight_decay = 0 at each step",
+        ),
+        (
+            "training.optimizer.lr=1e3",
+            r"^training.optimizer.lr=1000.0 with weight_decay=0.01: .* = -9 at each step",
+        ),
         ("training.rerank_top_n=-3", r"^training.rerank_top_n=-3 and rerank_loss_weight"),
         (
             "+training.optimizer.betas=[1.5,0.9]",
