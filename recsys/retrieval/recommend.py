@@ -446,6 +446,7 @@ class Recommender:
             # (PAD at -inf), so nothing the model would have offered it leaves its fallback
             at = torch.from_numpy(model_at).to(device)
             m_items, m_scores, output, batch = self._model_candidates(rows[model_at])
+            self._check_scores(m_scores)
             items = _spread(m_items, at, batch_size, PAD_IDX)
             scores = _spread(m_scores, at, batch_size, -math.inf)
         source = torch.zeros_like(items)
@@ -483,6 +484,19 @@ class Recommender:
             source.cpu().numpy()[has_np],
             None if explanations is None else tuple(e[has_np] for e in explanations),
         )
+
+    def _check_scores(self, scores: torch.Tensor) -> None:
+        """Refuse NaN model scores (B, D): NaN ranks first in a top-K, so the lists would be
+        in arbitrary order, written without a word (weights that overflow on these histories;
+        weights that are themselves NaN are refused when the checkpoint loads)."""
+        broken = torch.isnan(scores).any(dim=1)
+        if bool(broken.any()):
+            raise FloatingPointError(
+                f"the model {self.model.path} scored NaN for {int(broken.sum())} of a batch's "
+                f"{len(scores)} users: its numbers overflow (its training diverged), so its "
+                "rankings would be arbitrary; nothing more is written. Score with an earlier "
+                "checkpoint, or retrain with a lower training.optimizer.lr"
+            )
 
     def _explain(self, items, source, output, batch, rows):
         """Top ``explanations`` (E) history events by explanation weight for each model

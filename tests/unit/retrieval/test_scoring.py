@@ -80,6 +80,20 @@ def test_output_columns_ranks_and_sources(setup):
     assert all(s == sorted(s, reverse=True) for s in by_user["score"].to_list())
 
 
+def test_nan_model_scores_are_refused_not_written(setup):
+    """Weights that overflow on the scoring histories (finite in the checkpoint, so it loads)
+    scored every item NaN: 250 rows of NaN scores in arbitrary order, written without a word
+    (NaN ranks first in a top-K). Scoring now stops, naming the model."""
+    model, events = setup
+    broken = dataclasses.replace(model, encoder=copy.deepcopy(model.encoder))
+    with torch.no_grad():
+        broken.encoder.final_norm.weight.mul_(1e22)
+        broken.encoder.embedding.item_embedding.weight.mul_(1e22)
+    assert all(torch.isfinite(w).all() for w in broken.encoder.state_dict().values())
+    with pytest.raises(FloatingPointError, match=r"the model model.ckpt scored NaN for \d+ of"):
+        _score(broken, events)
+
+
 def test_seen_items_never_returned_when_excluded(setup):
     model, events = setup
     seen = events.select(USER, ITEM).unique()
