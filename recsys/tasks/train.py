@@ -1309,7 +1309,8 @@ def _run(
         except SIGTERMException as err:  # Lightning's SystemExit() would end the job with 0
             raise SystemExit(128 + signal.SIGTERM) from err  # a scheduler must see the kill
         except SystemExit as err:
-            if not trainer.interrupted:
+            # (a SIGTERM is SystemExit(143) from the job's handler, which Lightning re-raises)
+            if not trainer.interrupted or not isinstance(err.__context__, KeyboardInterrupt):
                 raise
             # Lightning ends a Ctrl-C with sys.exit(1), which the log and a scheduler would
             # read as the job's own failure: an interrupt, as anywhere else in the job (exit 130)

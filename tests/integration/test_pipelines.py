@@ -1092,6 +1092,30 @@ def test_a_training_killed_by_sigterm_exits_non_zero(make_config, monkeypatch):
     assert info.value.code == 143
 
 
+def test_a_sigterm_mid_epoch_under_the_jobs_handler_exits_143_not_as_a_ctrl_c(
+    make_config, monkeypatch
+):
+    """A pipeline runs under terminate_as_exit, whose SystemExit(143) Lightning's own SIGTERM
+    handler calls in fit and then re-raises: the job took it for Lightning's Ctrl-C exit, and
+    a scheduler's kill ended as "interrupted (Ctrl-C) while training" with status 130."""
+    import os
+    import signal
+
+    from recsys.data.pipeline import terminate_as_exit
+    from recsys.training.module import SeqRecModule
+
+    step = SeqRecModule.training_step
+
+    def killed(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(SeqRecModule, "training_step", killed)
+    with pytest.raises(SystemExit) as info, terminate_as_exit():
+        train.run(make_config("config", [*TINY, "logger=none"]))
+    assert info.value.code == 143
+
+
 def test_a_training_interrupted_by_ctrl_c_is_an_interrupt_and_ctrl_c_works_again(
     make_config, monkeypatch
 ):
