@@ -10,6 +10,7 @@ import copy
 import glob
 import logging
 import os
+import signal
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -89,9 +90,23 @@ def failure_logged(cfg: DictConfig) -> Iterator[None]:
             yield
     except BaseException as err:  # SystemExit too: a job killed by SIGTERM exits 143
         logging.getLogger("pipelines").error(
-            "%s job failed: %s: %s", cfg.get("task_name", "the"), type(err).__name__, err
+            "%s job failed: %s: %s%s",
+            cfg.get("task_name", "the"),
+            type(err).__name__,
+            err,
+            _signal_named(err),
         )
         raise
+
+
+def _signal_named(err: BaseException) -> str:
+    """What the job log's failure line adds for a signal's exit, which says nothing of it:
+    ``SystemExit: 143`` (a SIGTERM), ``KeyboardInterrupt:`` (a Ctrl-C)."""
+    if isinstance(err, SystemExit) and err.code == 128 + signal.SIGTERM:
+        return " (killed by SIGTERM)"
+    if isinstance(err, KeyboardInterrupt) and not str(err):
+        return "interrupted (Ctrl-C)"
+    return ""
 
 
 @contextmanager

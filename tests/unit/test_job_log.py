@@ -3,6 +3,7 @@ Lightning's loggers otherwise write to stderr only (their own handler, no propag
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 
@@ -32,3 +33,26 @@ def test_lightning_lines_and_warnings_reach_the_job_log_for_the_job_only(caplog)
     finally:
         logging.captureWarnings(False)
         lightning.handlers[:], lightning.propagate = saved
+
+
+def test_the_failure_line_of_a_job_stopped_by_a_signal_names_the_signal(caplog):
+    """A job killed by SIGTERM ended its log with "main job failed: SystemExit: 143", and one
+    stopped by Ctrl-C outside the training with "KeyboardInterrupt: " (nothing after it)."""
+    from omegaconf import OmegaConf
+
+    from recsys.config import failure_logged
+
+    cfg = OmegaConf.create({"task_name": "main"})
+    for raised, expected in (
+        (SystemExit(143), "main job failed: SystemExit: 143 (killed by SIGTERM)"),
+        (KeyboardInterrupt(), "main job failed: KeyboardInterrupt: interrupted (Ctrl-C)"),
+        (SystemExit(2), "main job failed: SystemExit: 2"),
+    ):
+        caplog.clear()
+        with (
+            caplog.at_level(logging.ERROR),
+            contextlib.suppress(BaseException),
+            failure_logged(cfg),
+        ):
+            raise raised
+        assert caplog.records[-1].getMessage() == expected
