@@ -685,6 +685,30 @@ RESTORED_ON_RESUME = (
 )
 
 
+def last_checkpoint_path(cfg: DictConfig) -> Path | None:
+    """The checkpoint ``resume=last`` continues from (``callbacks.last_checkpoint``'s file,
+    written after every epoch); None without that callback."""
+    last = (cfg.callbacks or {}).get("last_checkpoint")
+    return None if last is None else Path(last.dirpath) / f"{last.filename}.ckpt"
+
+
+def log_how_to_continue(cfg: DictConfig, trainer, how: str) -> None:
+    """Tell an interrupted training's owner how to continue it: the job log otherwise ended
+    with the signal alone (``SystemExit: 143``)."""
+    last = last_checkpoint_path(cfg)
+    epoch = f"in epoch {trainer.current_epoch + 1}"
+    if last is not None and last.is_file():
+        log.warning(
+            "training %s %s: continue it from its last finished epoch with the same command "
+            "and paths.run_dir=%s resume=last",
+            how,
+            epoch,
+            Path(cfg.paths.run_dir).resolve(),
+        )
+    else:
+        log.warning("training %s %s, before any checkpoint to continue from", how, epoch)
+
+
 def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:
     """``resume``'s value, the checkpoint it names and that checkpoint's recsys entry (read
     memory-mapped and ``weights_only``: the weights and optimiser state, GBs on a large
@@ -694,10 +718,9 @@ def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:
     if value is None:
         return None
     if str(value) == "last":
-        last = (cfg.callbacks or {}).get("last_checkpoint")
-        if last is None:
+        path = last_checkpoint_path(cfg)
+        if path is None:
             raise ValueError("resume=last needs callbacks.last_checkpoint (it writes last.ckpt)")
-        path = Path(last.dirpath) / f"{last.filename}.ckpt"
         fix = (
             "pass paths.run_dir=<the interrupted run's folder> (its checkpoints/last.ckpt is "
             "written after every epoch), a checkpoint path, or drop resume to start fresh"
@@ -1307,10 +1330,17 @@ def _run(
             with lightning_notices_filtered(num_workers=workers, resuming=resume is not None):
                 trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
         except SIGTERMException as err:  # Lightning's SystemExit() would end the job with 0
+            log_how_to_continue(cfg, trainer, "killed by SIGTERM")
             raise SystemExit(128 + signal.SIGTERM) from err  # a scheduler must see the kill
         except SystemExit as err:
+            if not trainer.interrupted:
+                raise
+            by_ctrl_c = isinstance(err.__context__, KeyboardInterrupt)
             # (a SIGTERM is SystemExit(143) from the job's handler, which Lightning re-raises)
-            if not trainer.interrupted or not isinstance(err.__context__, KeyboardInterrupt):
+            killed = err.code == 128 + signal.SIGTERM
+            how = "interrupted (Ctrl-C)" if by_ctrl_c else "killed by SIGTERM" if killed else ""
+            log_how_to_continue(cfg, trainer, how or f"stopped (exit status {err.code})")
+            if not by_ctrl_c:
                 raise
             # Lightning ends a Ctrl-C with sys.exit(1), which the log and a scheduler would
             # read as the job's own failure: an interrupt, as anywhere else in the job (exit 130)

@@ -1093,11 +1093,12 @@ def test_a_training_killed_by_sigterm_exits_non_zero(make_config, monkeypatch):
 
 
 def test_a_sigterm_mid_epoch_under_the_jobs_handler_exits_143_not_as_a_ctrl_c(
-    make_config, monkeypatch
+    make_config, monkeypatch, caplog
 ):
     """A pipeline runs under terminate_as_exit, whose SystemExit(143) Lightning's own SIGTERM
     handler calls in fit and then re-raises: the job took it for Lightning's Ctrl-C exit, and
-    a scheduler's kill ended as "interrupted (Ctrl-C) while training" with status 130."""
+    a scheduler's kill ended as "interrupted (Ctrl-C) while training" with status 130. The log
+    says how to continue (it ended with the signal alone)."""
     import os
     import signal
 
@@ -1107,17 +1108,24 @@ def test_a_sigterm_mid_epoch_under_the_jobs_handler_exits_143_not_as_a_ctrl_c(
     step = SeqRecModule.training_step
 
     def killed(self, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
+        if self.current_epoch == 1:  # the second epoch: the first's last.ckpt is written
+            os.kill(os.getpid(), signal.SIGTERM)
         return step(self, *args, **kwargs)
 
     monkeypatch.setattr(SeqRecModule, "training_step", killed)
+    cfg = make_config("config", [*TINY, "logger=none"])
     with pytest.raises(SystemExit) as info, terminate_as_exit():
-        train.run(make_config("config", [*TINY, "logger=none"]))
+        train.run(cfg)
     assert info.value.code == 143
+    run_dir = Path(cfg.paths.run_dir).resolve()
+    assert (
+        "training killed by SIGTERM in epoch 2: continue it from its last finished epoch with "
+        f"the same command and paths.run_dir={run_dir} resume=last"
+    ) in caplog.text
 
 
 def test_a_training_interrupted_by_ctrl_c_is_an_interrupt_and_ctrl_c_works_again(
-    make_config, monkeypatch
+    make_config, monkeypatch, caplog
 ):
     """Lightning turns a Ctrl-C in fit into sys.exit(1) and leaves SIGINT ignored: the job
     logged "SystemExit: 1" (a failure of its own, exit status 1), and a notebook's next
@@ -1134,6 +1142,7 @@ def test_a_training_interrupted_by_ctrl_c_is_an_interrupt_and_ctrl_c_works_again
     with pytest.raises(KeyboardInterrupt, match="while training"):
         train.run(make_config("config", [*TINY, "logger=none"]))
     assert signal.getsignal(signal.SIGINT) is before
+    assert "training interrupted (Ctrl-C) in epoch 1, before any checkpoint" in caplog.text
 
 
 def test_training_into_a_run_folder_that_holds_a_training_is_refused_before_any_work(
