@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import stat
@@ -52,6 +53,7 @@ import numpy as np
 import polars as pl
 from tqdm.auto import tqdm
 
+from recsys import locks
 from recsys.data import transforms
 from recsys.data.io import (
     SIDE_BY_SIDE,
@@ -337,9 +339,11 @@ def _staged(out_dir: Path) -> Iterator[Path]:
     check_out_dir(out_dir)
     created = next((p for p in reversed(out_dir.parents) if not p.exists()), None)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(out_dir)
     # mkdir, not mkdtemp: the folder gets the permissions of any new folder (mkdtemp's: 0700)
     tmp = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex}"
     tmp.mkdir()
+    held = locks.hold_folder(tmp)  # a killed job's staging folder is told from a running one's
     try:
         yield tmp
         _swap_in(tmp, out_dir)
@@ -348,6 +352,26 @@ def _staged(out_dir: Path) -> Iterator[Path]:
         if created is not None:  # folders made for this run only: leave no trace
             shutil.rmtree(created, ignore_errors=True)
         raise
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _remove_abandoned(out_dir: Path) -> None:
+    """Delete what a killed preparation into ``out_dir`` left beside it (SIGKILL, a power cut:
+    no cleanup of its own ran), which nothing else would ever remove: its staging folder
+    (``.<name>.<hex>``, the dataset so far and its work files) once no process holds it, and
+    an earlier dataset it had moved aside to delete (``.<name>.old-<hex>``)."""
+    leftover = re.compile(rf"\.{re.escape(out_dir.name)}\.(old-)?[0-9a-f]{{32}}")
+    for path in out_dir.parent.iterdir():
+        match = leftover.fullmatch(path.name)
+        if match is None or not path.is_dir():
+            continue
+        if match.group(1):  # (only ever deleted: by its own job too, meanwhile, is fine)
+            shutil.rmtree(path, ignore_errors=True)
+        elif not locks.remove_if_abandoned(path):
+            continue
+        log.warning("removed %s, left by a preparation into %s that was killed", path, out_dir)
 
 
 def _swap_in(tmp: Path, out_dir: Path) -> None:

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import threading
-import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -784,7 +783,9 @@ def _prepared(cfg: DictConfig) -> Path:
     if target is None or cfg.data.prepared_dir:
         return prepare.prepared(cfg)
     final = Path(cfg.paths.run_dir) / "prepared"
-    trial = prepare.run(cfg, final.with_name(f".prepared-resume-{uuid.uuid4().hex}"))
+    # one name, the run folder being held: what a killed resume left there is replaced (its
+    # staging folder removed: recsys.data.pipeline._remove_abandoned), not left for good
+    trial = prepare.run(cfg, final.with_name(".prepared-resume"))
     try:
         _check_fingerprint(target, load_stats(trial)["fingerprint"])
     except ValueError:

@@ -948,8 +948,12 @@ def test_a_run_folder_moved_before_its_resume_continues_its_own_checkpoints(make
     first = train.run(make_config("config", [*base, "trainer.max_epochs=1"]))
     moved = tmp_path / "restored" / "run"
     shutil.copytree(first.checkpoint.parents[1], moved)
+    # and what a resume killed by SIGKILL left: its trial preparation, the staging folder of one
+    shutil.copytree(moved / "prepared", moved / ".prepared-resume")
+    shutil.copytree(moved / "prepared", moved / f"..prepared-resume.{'0' * 32}")
     again = [*base, "trainer.max_epochs=2", "resume=last", f"paths.run_dir={moved}"]
     resumed = train.run(make_config("config", again))
+    assert sorted(p.name for p in moved.iterdir() if p.name.startswith(".")) == [train.LOCK_FILE]
     checkpoints = moved / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best.ckpt", "last.ckpt", "scoring"]
     assert resumed.checkpoint == checkpoints / "best.ckpt"

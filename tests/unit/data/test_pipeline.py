@@ -715,6 +715,44 @@ def test_a_sigterm_while_preparing_leaves_nothing_behind(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default is back
 
 
+def test_what_a_killed_preparation_left_is_removed_by_the_next_one(tmp_path):
+    """SIGKILL (or a power cut) runs no cleanup: the staging folder, with the dataset so far
+    and its work files, stayed beside the output, hidden, for good. The next preparation into
+    that folder removes it, and an old dataset moved aside to delete; a running preparation's
+    staging folder (held) and another folder's are left alone."""
+    import subprocess
+    import sys
+    import uuid
+
+    from recsys import locks
+
+    killed = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from recsys.data.pipeline import _staging\n"
+        "with _staging(Path(sys.argv[1])) as stage:\n"
+        "    (stage / '_work').mkdir()\n"
+        "    (stage / '_work' / 'part-00000.parquet').write_text('half written')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", killed, str(out)], capture_output=True)
+    assert done.returncode == -9, done.stderr
+    (dead,) = tmp_path.iterdir()  # the killed job's staging folder
+    old = tmp_path / f".out.old-{uuid.uuid4().hex}"
+    running = tmp_path / f".out.{uuid.uuid4().hex}"
+    other = tmp_path / f".other.{uuid.uuid4().hex}"
+    for folder in (old, running, other):
+        folder.mkdir()
+        (folder / "stats.json").write_text("{}")
+    held = locks.hold_folder(running)
+    try:
+        prepare(synthetic(), out)
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, other.name, "out"])
+
+
 def test_a_full_disk_is_not_blamed_on_the_log(tmp_path, monkeypatch):
     """ENOSPC while the first pass sinks its work files names the output's disk, not the log
     ("could not be read"); nothing is left behind."""
