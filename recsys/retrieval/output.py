@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -40,6 +41,10 @@ def job_key(job: dict) -> str:
     return hashlib.sha256(json.dumps(job, sort_keys=True, default=str).encode()).hexdigest()
 
 
+# a temporary file of write_atomically: what a job killed outright (SIGKILL) leaves of a part
+TEMPORARY_FILE = re.compile(r"\..+\.[0-9a-f]{32}")
+
+
 def write_atomically(path: str | Path, write) -> None:
     """``write(tmp)`` into a temporary file beside ``path`` (``tmp``: its path as text), then
     rename it to ``path``: a reader never sees a partial file, and a failed write leaves none
@@ -49,7 +54,7 @@ def write_atomically(path: str | Path, write) -> None:
     umask), not as ``tempfile.mkstemp`` does (0600, owner only), so the output can be read by
     whoever may read a file written in place (e.g. a downstream job under another account)."""
     path = Path(path)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"  # (TEMPORARY_FILE)
     os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     try:
         write(str(tmp))
@@ -165,6 +170,10 @@ class PartitionedOutput:
             shutil.rmtree(self.staging)
         if self.staging.exists():
             log.info("resuming %s (%d part(s) already written)", self.staging, self.parts_done())
+            # the file a job killed outright was writing (it would end up in the output)
+            for path in self.staging.rglob(".*"):
+                if TEMPORARY_FILE.fullmatch(path.name) and path.is_file():
+                    path.unlink()
         else:
             self.staging.mkdir(parents=True)
             write_atomically(
@@ -228,14 +237,12 @@ class PartitionedOutput:
         """Make the output visible in one rename (an old one replaced by overwrite goes)."""
         if self.complete:
             return self.path
-        old = None
+        old = self.path.parent / f".{self.path.name}.old"
+        shutil.rmtree(old, ignore_errors=True)  # (also one a job killed in its commit left)
         if self.path.exists():
-            old = self.path.parent / f".{self.path.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
             os.replace(self.path, old)
         os.replace(self.staging, self.path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
         self.complete = True
         self.release()
         return self.path

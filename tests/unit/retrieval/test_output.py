@@ -101,3 +101,33 @@ def test_a_second_job_on_an_output_path_being_written_is_refused(tmp_path, other
     assert again.complete
     again.release()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recs"]
+
+
+def test_what_a_job_killed_outright_left_does_not_end_up_in_the_output(tmp_path):
+    """SIGKILL runs no cleanup: the temporary file of the part being written stayed in the
+    staging folder, and the job run again committed it into the output beside the parts
+    (".part-00001.parquet.<hex>", half a part); a kill between the commit's two renames left
+    the earlier output in ".out.old" for good. Both go when the job runs again."""
+    job = {"job": 1}
+    frame = pl.DataFrame({"user_id": [1], "rank": [1]})
+    first = PartitionedOutput(tmp_path / "out", formats=["parquet", "csv"], job=job)
+    first.write(0, frame)
+    first.release()  # killed while writing part 1 (and an earlier commit of another job)
+    (first.staging / f".part-00001.parquet.{'a' * 32}").write_text("half a part")
+    (first.staging / "_csv" / f".part-00001.csv.{'b' * 32}").write_text("half a part")
+    (tmp_path / ".out.old").mkdir()
+    (tmp_path / ".out.old" / "part-00000.parquet").write_text("an earlier output")
+
+    again = PartitionedOutput(tmp_path / "out", formats=["parquet", "csv"], job=job)
+    assert again.done(0) and not again.done(1)
+    again.write(1, frame)
+    folder = again.commit()
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    assert files == [
+        "_csv/part-00000.csv",
+        "_csv/part-00001.csv",
+        "_manifest.json",
+        "part-00000.parquet",
+        "part-00001.parquet",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
