@@ -483,6 +483,15 @@ def run(
             output.write_extra(SUMMARY_FILE, lambda path: Path(path).write_text(text))
             plot({**summary, "_counts": counts}, output.staging / PLOTS_FOLDER)
             output.commit()
+    except BaseException:  # (a SIGTERM, a Ctrl-C too) the job log's last word is the failure
+        if not output.complete and output.staging.is_dir() and output.parts_done():
+            log.warning(
+                "%d part(s) of this job's output are in %s: the same job run again (same "
+                "model, data and settings) continues from there",
+                output.parts_done(),
+                output.staging,
+            )
+        raise
     finally:
         output.release()
     summary = json.loads((output.path / SUMMARY_FILE).read_text())

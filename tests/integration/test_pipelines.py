@@ -310,10 +310,14 @@ def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, t
         if part == 1:
             raise KeyboardInterrupt("killed")
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), caplog.at_level("INFO", logger="recsys"):
         score.run(cfg, after_part=crash_after_two)
     assert not target.exists()  # nothing visible before the job completes
     staging = tmp_path / ".b.partial"
+    # the log says how to continue (it ended with the interrupt alone)
+    assert f"2 part(s) of this job's output are in {staging}: the same job run again" in (
+        caplog.text
+    )
     assert sorted(p.relative_to(staging).as_posix() for p in staging.glob("**/part-*")) == [
         "_csv/part-00000.csv",
         "_csv/part-00001.csv",
