@@ -696,12 +696,16 @@ def log_how_to_continue(cfg: DictConfig, trainer, how: str) -> None:
     with the signal alone (``SystemExit: 143``)."""
     last = last_checkpoint_path(cfg)
     epoch = f"in epoch {trainer.current_epoch + 1}"
+    # a sweep's job: the sweep again would give every job that folder
+    overrides = sweep_tags().get("sweep.overrides")
+    command = "the same command" if overrides is None else f"this job's {overrides} (no -m)"
     if last is not None and last.is_file():
         log.warning(
-            "training %s %s: continue it from its last finished epoch with the same command "
+            "training %s %s: continue it from its last finished epoch with %s "
             "and paths.run_dir=%s resume=last",
             how,
             epoch,
+            command,
             Path(cfg.paths.run_dir).resolve(),
         )
     else:

@@ -56,3 +56,40 @@ def test_the_failure_line_of_a_job_stopped_by_a_signal_names_the_signal(caplog):
         ):
             raise raised
         assert caplog.records[-1].getMessage() == expected
+
+
+def test_an_interrupted_sweep_job_is_told_to_continue_alone(tmp_path, caplog):
+    """A sweep job's training killed mid-way was told to continue with "the same command and
+    paths.run_dir=<its folder> resume=last": the sweep again would give every job that folder.
+    It names the job's own overrides, to run without -m."""
+    from types import SimpleNamespace
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from recsys.config import config_dir
+    from recsys.tasks import train
+
+    run_dir = tmp_path / "multi" / "1"
+    overrides = [f"paths.run_dir={run_dir}", "model.num_heads=2"]
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("config", overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.mode = "MULTIRUN"
+        cfg.hydra.job.num = 1
+        cfg.hydra.sweep.dir = str(tmp_path / "multi")
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    instance = HydraConfig.instance()
+    before = instance.cfg
+    try:
+        instance.set_config(cfg)
+        with caplog.at_level(logging.WARNING):
+            train.log_how_to_continue(cfg, SimpleNamespace(current_epoch=2), "killed by SIGTERM")
+    finally:
+        instance.cfg = before
+    assert caplog.records[-1].getMessage() == (
+        "training killed by SIGTERM in epoch 3: continue it from its last finished epoch with "
+        f"this job's {' '.join(overrides)} (no -m) and paths.run_dir={run_dir} resume=last"
+    )
