@@ -935,6 +935,11 @@ HIGHER_IS_BETTER = ("hr_", "ndcg_", "mrr", "coverage_", "auc", "sampled_", "retr
 TRAINER_SWITCHES = ("enable_progress_bar", "enable_model_summary", "enable_checkpointing")
 
 
+def _mps_available() -> bool:
+    """Whether Lightning's ``accelerator=auto`` could pick Apple's GPU."""
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
 def divergence_settings(cfg: DictConfig) -> str:
     """The settings a diverged training names (:class:`StopOnDivergence`)."""
     optimizer = cfg.training.get("optimizer") or {}
@@ -1057,6 +1062,16 @@ def check_settings(cfg: DictConfig) -> None:
             "precision (bf16-mixed, as trainer=gpu, or 16-mixed); a model held in 16 or 64 bits "
             "(16-true, bf16-true, 64-true) is not supported"
         )
+    accelerator = (cfg.trainer or {}).get("accelerator")
+    on_cpu = accelerator == "cpu" or (
+        accelerator in (None, "auto") and not torch.cuda.is_available() and not _mps_available()
+    )
+    if precision in ("16-mixed", "16") and on_cpu:  # Lightning would train in bf16-mixed
+        raise ValueError(
+            f"trainer.precision={precision}: float16 mixed precision needs a GPU, and this job "
+            "trains on the CPU (Lightning would switch to bf16-mixed while the run records "
+            f"{precision}): use trainer.precision=bf16-mixed, or 32-true"
+        )
     devices = trainer.get("devices", 1)
     listed = isinstance(devices, Sequence) and not isinstance(devices, str)
     if not (devices in (1, "1") or (listed and len(devices) == 1)):
@@ -1064,7 +1079,6 @@ def check_settings(cfg: DictConfig) -> None:
             f"trainer.devices={devices}: recsys trains on one device (one process); "
             "set trainer.devices=1 (a particular GPU: trainer.devices=[<index>])"
         )
-    accelerator = (cfg.trainer or {}).get("accelerator")
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(
             f"trainer.accelerator={accelerator}: this machine has no CUDA GPU: train on the CPU "

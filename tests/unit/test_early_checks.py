@@ -79,6 +79,15 @@ from recsys.tasks import main, prepare, train
         # accepted before, then a dtype error after the data was prepared
         ("trainer.precision=64-true", r"^trainer.precision=64-true: .* is not supported$"),
         ("trainer.precision=bf16-true", r"^trainer.precision=bf16-true: .* is not supported$"),
+        # on the CPU Lightning trained in bf16-mixed, and the run recorded 16-mixed
+        (
+            "trainer.precision=16-mixed trainer.accelerator=cpu",
+            r"^trainer.precision=16-mixed: float16 mixed precision needs a GPU",
+        ),
+        (
+            "trainer.precision=16 trainer.accelerator=cpu",
+            r"^trainer.precision=16: .* use trainer.precision=bf16-mixed, or 32-true$",
+        ),
         # Lightning's second process found the run folder held by the first
         ("trainer.devices=2", r"^trainer.devices=2: recsys trains on one device"),
         # trained every epoch, then "training produced no checkpoint"
