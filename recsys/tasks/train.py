@@ -34,6 +34,7 @@ from recsys.checkpoint import (
     checkpoint_extra,
     encoder_target,
     load_checkpoint,
+    model_digest,
     saved_arguments,
     set_transition_prior_weight,
     unreadable,
@@ -362,6 +363,19 @@ def load_references(cfg: DictConfig) -> tuple[Reference | None, dict | None]:
         None if initial is None else load("init_from", initial),
         _distillation(cfg, lambda ref: load(TEACHERS, ref)),
     )
+
+
+# in a checkpoint's recsys entry: the teachers it was distilled from (:func:`teacher_records`)
+TEACHERS_KEY = "teachers"
+
+
+def teacher_records(teachers: Sequence[Reference]) -> list[dict[str, str]]:
+    """What a checkpoint records of the teachers it was distilled from: each reference as
+    given, how it was found (:attr:`Reference.tags`) and its model's
+    :func:`recsys.checkpoint.model_digest`, so that the model says what it learnt from and a
+    resumed training can tell a reference that names another model since
+    (:func:`resume_checkpoint`)."""
+    return [{"ref": t.ref, **t.tags, "digest": model_digest(t.model)} for t in teachers]
 
 
 def reference_model(
@@ -822,7 +836,12 @@ def _check_fingerprint(target: tuple[str, Path, dict], fingerprint: str) -> None
         )
 
 
-def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: str) -> Path | None:
+def resume_checkpoint(
+    cfg: DictConfig,
+    encoder: torch.nn.Module,
+    fingerprint: str,
+    teachers: Sequence[Mapping[str, str]] = (),
+) -> Path | None:
     """The checkpoint ``resume`` names (``None``: start fresh), checked against this run.
 
     ``resume=last`` is the run folder's ``checkpoints/last.ckpt``, written after every
@@ -831,7 +850,8 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
     folder> resume=last``; any other value is a checkpoint path. Optimiser, scheduler, early
     stopping, the best checkpoint so far, weight averaging, the training clock and the MLflow
     run all continue. The data and the encoder settings must be those the checkpoint was
-    trained with.
+    trained with, and a teacher reference (``teachers``: :func:`teacher_records`) the
+    checkpoint records must name the model it named then.
     """
     target = _resume_target(cfg)
     if target is None:
@@ -855,7 +875,28 @@ def resume_checkpoint(cfg: DictConfig, encoder: torch.nn.Module, fingerprint: st
             + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
             + "): resume with the model settings of the interrupted run"
         )
+    _check_teachers(f"resume={value}: {path}", saved.get(TEACHERS_KEY) or [], teachers)
     return path
+
+
+def _check_teachers(
+    resumed: str, saved: Sequence[Mapping[str, str]], teachers: Sequence[Mapping[str, str]]
+) -> None:
+    """Refuse a teacher reference that names another model than when the interrupted run
+    distilled from it (a checkpoint file replaced, an alias moved since): the run would learn
+    from one model, then from another, its record naming one. (A reference changed in the
+    config is a changed setting, tagged as such.)"""
+    for i, (was, now) in enumerate(zip(saved, teachers)):
+        if was.get("ref") != now["ref"] or was.get("digest") == now["digest"]:
+            continue
+        version = f" (version {was['model.version']})" if "model.version" in was else ""
+        raise ValueError(
+            f"{resumed}: {TEACHERS}[{i}]={now['ref']} names another model than the one it "
+            f"distilled from{version}: its weights or data changed since (digest "
+            f"{str(was.get('digest'))[:12]}, now {now['digest'][:12]}); restore that model "
+            "(for a moved alias, name its version: models:/<name>/<version>), or drop resume "
+            "to train afresh"
+        )
 
 
 def check_checkpoint_callback(cfg: DictConfig) -> None:
@@ -1268,6 +1309,7 @@ def _run(
     encoder = build_encoder(cfg, datamodule)
     initialised = initialise_from(initial, encoder, datamodule)
     teachers = [] if distillation is None else distillation["teachers"]
+    taught_by = teacher_records(teachers)
     if distillation is not None:
         distillation = {
             **distillation,
@@ -1301,7 +1343,9 @@ def _run(
             trivial,
             rankable,
         )
-    resume = resume_checkpoint(cfg, encoder, datamodule.stats["fingerprint"])
+    if taught_by:  # what the model learnt from (and what a resume must find again)
+        module.checkpoint_extra[TEACHERS_KEY] = taught_by
+    resume = resume_checkpoint(cfg, encoder, datamodule.stats["fingerprint"], taught_by)
     continued = resumed_run_id(cfg) if tracker is None else None  # (else the caller's run)
     with use_tracker(
         tracker, cfg.logger, run_name=cfg.task_name, continue_run_id=continued

@@ -1577,6 +1577,47 @@ def test_a_training_starts_from_a_models_weights_and_distils_trained_teachers(
         train.run(rescaled)
 
 
+def test_a_resumed_distillation_refuses_a_teacher_reference_that_now_names_another_model(
+    make_config, tmp_path
+):
+    """The checkpoint records what each teacher was (its reference and model digest), and a
+    resumed training whose teacher reference names another model since (the file replaced,
+    an alias moved) is refused, naming it: it had continued silently with the other teacher,
+    half of the run distilled from each."""
+    import shutil
+
+    base = [*TINY, "logger=none", "trainer.max_epochs=1"]
+    first = train.run(make_config("config", [*base, f"paths.run_dir={tmp_path / 'a'}"]))
+    other = train.run(
+        make_config(
+            "config", [*base, f"paths.run_dir={tmp_path / 'b'}", "training.optimizer.lr=0.01"]
+        )
+    )
+    teacher = tmp_path / "teacher.ckpt"
+    shutil.copy(first.checkpoint, teacher)
+    student = [
+        *base,
+        f"paths.run_dir={tmp_path / 'student'}",
+        f"training.distillation={{teachers: [{teacher}]}}",
+    ]
+    trained = train.run(make_config("config", student))
+    recorded = torch.load(trained.checkpoint, map_location="cpu", weights_only=True)["recsys"]
+    digest = model_digest(load_checkpoint(teacher))
+    assert recorded["teachers"] == [
+        {"ref": str(teacher), "model.uri": str(teacher), "digest": digest}
+    ]
+    resumed = make_config("config", [*student, "trainer.max_epochs=2", "resume=last"])
+    shutil.copy(other.checkpoint, teacher)  # another model behind the same reference
+    with pytest.raises(
+        ValueError,
+        match=rf"resume=last: .*teachers\[0\]={re.escape(str(teacher))} names another model "
+        rf"than .* distilled from.*digest {digest[:12]}",
+    ):
+        train.run(resumed)
+    shutil.copy(first.checkpoint, teacher)  # the same model again: the training continues
+    assert train.run(resumed).checkpoint.exists()
+
+
 def test_cli_overrides_and_multirun_sweep(tmp_path):
     """The README's command-line forms: overrides and a -m sweep over num_heads."""
     out = tmp_path / "outputs"
