@@ -1018,6 +1018,31 @@ def _warn_of_idle_loss_settings(training: DictConfig) -> None:
         )
 
 
+def _check_contrastive_batch(cfg: DictConfig, samples: str) -> None:
+    """Refuse the contrastive loss where each training batch trains one position: batches of
+    one row (``data.loader.batch_size=1``) that train one position each (``train_samples=
+    prefixes``, or a non-causal encoder's last position) leave it no other position to
+    contrast with, so it would be 0 at every step (:func:`recsys.training.losses.info_nce`),
+    its extra encoder pass wasted, without a word."""
+    weight = cfg.training.get("contrastive_weight", 0.0)
+    if not _positive(weight) or _loader(cfg).get("batch_size") != 1:
+        return
+    causal = (cfg.model or {}).get("causal", True)
+    if samples != "prefixes" and causal is not False:
+        return
+    why = (
+        "data.loader.train_samples=prefixes trains one position per row"
+        if samples == "prefixes"
+        else "model.causal=false trains the last position of each row"
+    )
+    raise ValueError(
+        f"training.contrastive_weight={weight} contrasts each trained position with the "
+        f"batch's others, but data.loader.batch_size=1 and {why}: one position per batch, "
+        "so the loss would be 0 at every step; raise data.loader.batch_size, or set "
+        "training.contrastive_weight=0"
+    )
+
+
 def check_settings(cfg: DictConfig) -> None:
     """Settings that Lightning would take without complaint or refuse without naming them,
     checked before any work: ``data.loader``'s sizes, the seed, ``trainer.max_epochs`` and each
@@ -1025,6 +1050,7 @@ def check_settings(cfg: DictConfig) -> None:
     validation has logged its metrics.)"""
     check_loader(_partners(cfg), **_loader(cfg))
     samples = (cfg.data.get("loader") or {}).get("train_samples", "windows")
+    _check_contrastive_batch(cfg, samples)
     if cfg.training.get("objective") == "target_attention" and samples == "windows":
         log.warning(
             "training.objective=target_attention trains the last position of each row only: "

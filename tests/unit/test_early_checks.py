@@ -70,6 +70,17 @@ from recsys.tasks import main, prepare, train
             "training.contrastive_weight=0.1 training.contrastive_positive=same_target",
             r"need data.loader.train_samples=prefixes, got 'windows'",
         ),
+        # trained with a contrastive loss of 0 at every step: one position per batch, no negative
+        (
+            "training.contrastive_weight=0.1 data.loader.batch_size=1"
+            " data.loader.train_samples=prefixes",
+            r"^training.contrastive_weight=0.1 contrasts .* data.loader.batch_size=1 .* one "
+            r"position per batch",
+        ),
+        (
+            "model.causal=false training.contrastive_weight=0.1 data.loader.batch_size=1",
+            r"^training.contrastive_weight=0.1 contrasts .* model.causal=false",
+        ),
         ("+data.min_user_event=3", r"^unknown data option\(s\) \['min_user_event'\]"),
         ("data.behaviors=[]", r"behaviors is empty"),
         ("data.behaviors=null", r"^data.behaviors=None must be a list of names"),
