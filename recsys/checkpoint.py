@@ -290,14 +290,25 @@ def _rebuild(meta: dict, state_dict: dict, path: Path) -> LoadedModel:
 
 def set_transition_prior_weight(path: str | Path, weight: float) -> None:
     """Rewrite the checkpoint at ``path`` with its transition prior's weight set to
-    ``weight`` (``training.transition_prior=auto`` chooses it after training); the file is
-    replaced whole, never left half written."""
+    ``weight``; the file is replaced whole, never left half written."""
     path = Path(path)
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     prior = checkpoint[CHECKPOINT_KEY].get("transition_prior")
     if prior is None:
         raise ValueError(f"{path} has no transition prior to weight")
-    checkpoint[CHECKPOINT_KEY]["transition_prior"] = {**prior, "weight": float(weight)}
+    _write_prior(path, checkpoint, {**prior, "weight": float(weight)})
+
+
+def set_transition_prior(path: str | Path, prior: TransitionPrior) -> None:
+    """Rewrite the checkpoint at ``path`` with ``prior`` as its transition prior, whatever it
+    held (none, or another): a training's settings, written into its best checkpoint once
+    ``training.transition_prior=auto`` has chosen the weight; replaced whole."""
+    path = Path(path)
+    _write_prior(path, torch.load(path, map_location="cpu", weights_only=True), prior.to_plain())
+
+
+def _write_prior(path: Path, checkpoint: dict, prior: dict) -> None:
+    checkpoint[CHECKPOINT_KEY]["transition_prior"] = prior
     partial = path.with_name(f".{path.name}.partial")
     torch.save(checkpoint, partial)
     partial.replace(path)

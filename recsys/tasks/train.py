@@ -36,7 +36,7 @@ from recsys.checkpoint import (
     load_checkpoint,
     model_digest,
     saved_arguments,
-    set_transition_prior_weight,
+    set_transition_prior,
     unreadable,
     write_scoring_checkpoint,
 )
@@ -57,7 +57,7 @@ from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import Vocab
 from recsys.model.interface import check_encoder, reads_time_buckets
 from recsys.model.transfer import carry_over
-from recsys.model.transition import TransitionCounts
+from recsys.model.transition import TransitionCounts, TransitionPrior
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, check_registry, flatten, load_model, use_tracker
@@ -555,17 +555,24 @@ def store_transitions(datamodule: SeqRecDataModule, window: int = 1) -> Transiti
     )
 
 
-def choose_prior_weight(cfg: DictConfig, best: Path, datamodule: SeqRecDataModule) -> dict:
-    """``training.transition_prior=auto``: choose the prior's weight for the ``best``
-    checkpoint on validation and write it into that file; returns the choice's metrics."""
+def write_transition_prior(
+    cfg: DictConfig, best: Path, datamodule: SeqRecDataModule, prior: TransitionPrior
+) -> dict:
+    """Write this run's transition ``prior`` (``training.transition_prior`` and its shape,
+    this run's counts) into the ``best`` checkpoint, with ``auto``'s weight chosen for it on
+    validation; returns the choice's metrics ({} for a set weight). Written whatever that
+    file held: a resumed training's best checkpoint may be one of the interrupted run's,
+    saved without a prior or with another."""
     from recsys.tasks.evaluate import select_transition_prior  # (it imports this module)
 
-    model = load_checkpoint(best)
-    device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
-    prior, metrics = select_transition_prior(
-        cfg, model.encoder, model.vocab, datamodule, model.transition_prior, device
-    )
-    set_transition_prior_weight(best, prior.weight)
+    metrics = {}
+    if cfg.training.transition_prior == "auto":
+        model = load_checkpoint(best)
+        device = pick_device(cfg.trainer.accelerator, option="trainer.accelerator")
+        prior, metrics = select_transition_prior(
+            cfg, model.encoder, model.vocab, datamodule, prior, device
+        )
+    set_transition_prior(best, prior)
     return metrics
 
 
@@ -1442,8 +1449,10 @@ def _run(
         if checkpoint_cb is None or not checkpoint_cb.best_model_path:
             raise RuntimeError("training produced no checkpoint: keep callbacks.model_checkpoint")
         best = Path(checkpoint_cb.best_model_path)
-        if module.transition_prior is not None and cfg.training.transition_prior == "auto":
-            tracker.log_metrics(choose_prior_weight(cfg, best, datamodule))
+        if module.transition_prior is not None:
+            tracker.log_metrics(
+                write_transition_prior(cfg, best, datamodule, module.transition_prior)
+            )
         tracker.log_artifact(best, "checkpoints")
         scoring = write_scoring_checkpoint(best, best.parent / "scoring" / "model.ckpt")
         best_score = checkpoint_cb.best_model_score

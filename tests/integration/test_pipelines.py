@@ -1888,6 +1888,35 @@ def test_packaged_mlflow_model_predicts_like_the_score_task(main_run):
 NO_RERANK = ["training.rerank_top_n=0", "retrieval.rerank_top_n=0"]
 
 
+def test_a_resumed_training_writes_its_transition_prior_into_a_best_checkpoint_of_before(
+    make_config, tmp_path
+):
+    """A training resumed with training.transition_prior whose best checkpoint is still one of
+    the interrupted run's (no later epoch better), written without a prior or with another
+    shape: the prior is written into it as this run's settings say. (auto ended the training
+    with an AttributeError on the missing prior; a set weight was lost without a word.)"""
+    from recsys.tasks.evaluate import PRIOR_WEIGHTS
+
+    run_dir = tmp_path / "run"
+    base = [*TINY, *NO_RERANK, "logger=none", "trainer.max_epochs=1", f"paths.run_dir={run_dir}"]
+    train.run(make_config("config", base))  # no prior; resumed at its last epoch: no training
+    for setting, window in (("auto", 3), ("0.5", 1)):
+        resumed = train.run(
+            make_config(
+                "config",
+                [
+                    *base,
+                    "resume=last",
+                    f"training.transition_prior={setting}",
+                    f"training.transition_window={window}",
+                ],
+            )
+        )
+        prior = load_checkpoint(resumed.checkpoint).transition_prior
+        assert prior is not None and prior.counts.window == window
+        assert prior.weight in PRIOR_WEIGHTS if setting == "auto" else prior.weight == 0.5
+
+
 def test_transition_prior_auto_is_chosen_on_validation_saved_evaluated_and_scored(
     make_config, tmp_path
 ):
