@@ -93,11 +93,13 @@ def parse_size(text: str) -> int:
     factor = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}[match.group(2).lower()]
     value = float(match.group(1).replace("_", "")) * factor
     if value < 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"size {text!r} is not a positive whole number of events")
+        raise argparse.ArgumentTypeError(f"size {text!r} is not a positive whole number")
     return int(value)
 
 
 def parse_sizes(text: str) -> list[tuple[str, int]]:
+    """``"1M,10M"`` -> ``[("1M", 1_000_000), ("10M", 10_000_000)]`` (an argparse type: a bad
+    size is refused by name, before any work)."""
     names = [s.strip() for s in text.split(",") if s.strip()]
     return [(name, parse_size(name)) for name in names]
 
@@ -602,9 +604,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.prepare_benchmark", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="event counts (default %(default)s)")
+    parser.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        default=DEFAULT_SIZES,
+        help="event counts, e.g. 500K,1M (default %(default)s)",
+    )
     parser.add_argument(
         "--pandas-sizes",
+        type=parse_sizes,
         default=DEFAULT_PANDAS_SIZES,
         help="sizes that also run the pandas reference ('' for none; default %(default)s)",
     )
@@ -650,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         parser.error(f"--repeats {args.repeats} must be >= 1 and --warmup {args.warmup} >= 0")
+    if not args.sizes:
+        parser.error("--sizes names no size: pass e.g. --sizes 1M")
+    if args.gen_workers < 1:
+        parser.error(f"--gen-workers {args.gen_workers} must be >= 1")
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -663,12 +675,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return 0 if check() else 1
 
-    sizes = parse_sizes(args.sizes)
+    sizes = args.sizes
     if args.generate_only:
         for name, n_events in sizes:
             ensure_events(args.data_dir.resolve(), name, n_events, args.gen_workers)
         return 0
-    pandas_sizes = {n for _, n in parse_sizes(args.pandas_sizes)}
+    pandas_sizes = {n for _, n in args.pandas_sizes}
     facts = machine_facts()
     max_rss = args.max_rss_gib or 0.9 * facts["ram_gib"]
     probe = "from benchmarks.prepare_benchmark import new_prepare; print(new_prepare() is not None)"

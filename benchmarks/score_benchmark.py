@@ -29,7 +29,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.prepare_benchmark import GIB, machine_facts, parse_size, run_watched
+from benchmarks.prepare_benchmark import GIB, machine_facts, parse_sizes, run_watched
 
 log = logging.getLogger("benchmarks.score")
 
@@ -313,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.score_benchmark", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--items", default=DEFAULT_ITEMS, help="catalogue sizes (default %(default)s)"
+        "--items",
+        type=parse_sizes,
+        default=DEFAULT_ITEMS,
+        help="catalogue sizes (default %(default)s)",
     )
     parser.add_argument("--users", type=int, default=2048, help="users per size (%(default)s)")
     parser.add_argument("--top-k", type=int, default=10)
@@ -357,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    sizes = [parse_size(s) for s in args.items.split(",") if s.strip()]
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads {args.threads} must be >= 1 (leave it out for the usable cores)")
+    sizes = [n for _, n in args.items]
+    if not sizes:
+        parser.error("--items names no catalogue size: pass e.g. --items 10k")
 
     if args.run_one:
         print(json.dumps(run_one(args.run_one, sizes[0], args)), flush=True)

@@ -51,6 +51,25 @@ def test_bad_repeat_counts_are_refused():
         prepare_benchmark.main(["--warmup", "-1"])
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sizes", "1X"], "argument --sizes: size '1X': use e.g. 1M"),
+        (["--sizes", "0"], "argument --sizes: size '0' is not a positive whole number"),
+        (["--sizes", "1M,0.5"], "size '0.5' is not a positive whole number"),
+        (["--pandas-sizes", "10Q"], "argument --pandas-sizes: size '10Q'"),
+        (["--sizes", ","], "--sizes names no size"),
+        (["--gen-workers", "0"], "--gen-workers 0 must be >= 1"),
+    ],
+)
+def test_bad_sizes_and_workers_are_refused_by_name_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_benchmark.main([*argv, "--generate-only", "--data-dir", "/nonexistent/x"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 def test_details_take_cpu_from_the_run_whose_wall_time_is_the_median(tmp_path, capsys, monkeypatch):
     """The details line's CPU and cores busy belong to the median run, not to whichever run
     came second: CPU of one run over the wall time of another is no core count."""

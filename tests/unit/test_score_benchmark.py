@@ -24,3 +24,19 @@ def test_tiny_run_reports_both_paths_and_the_cached_faiss_build(tmp_path, capsys
     faiss = rows["faiss"]
     assert faiss["cached_build_s"] > 0 and faiss["build_s"] > 0 and 0 <= faiss["recall"] <= 1
     assert f"| 2k | faiss hnsw ef 128, l2 | {faiss['users_per_s']:,.0f} |" in table
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--items", "10x"], "argument --items: size '10x': use e.g. 1M"),
+        (["--items", "0"], "argument --items: size '0' is not a positive whole number"),
+        (["--items", ","], "--items names no catalogue size"),
+        (["--threads", "0"], "--threads 0 must be >= 1"),
+    ],
+)
+def test_bad_sizes_and_threads_are_refused_by_name_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        score_benchmark.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
