@@ -18,7 +18,11 @@ and spread over seeds of test HR@10 / NDCG@10, the published number to compare w
 ../shared/PROTOCOLS.md, same protocol unless the note says otherwise), the training time on
 this machine (training epochs only, validation excluded) and, for Beauty, the minutes until
 test NDCG@10 first reached RecBole's 0.0546 (the test curve is recorded for this column only;
-it never selects a model). Everything each run measured also goes to ``--json``.
+it never selects a model). Everything each run measured also goes to ``--json``. A run that
+fails (an error in training or evaluation) does not stop the suite: its row counts it
+("2 of 3 (seed 1 failed)"), shows the finished seeds' mean (``failed`` where none finished),
+the error is named under the table, and the suite exits with status 1 (with ``--work-dir`` the
+same command runs the failed run again).
 
 Datasets come from ``../shared/data`` (or ``$RECSYS_SHARED_DATA``); the suite stops with a
 clear message when they are absent.
@@ -307,29 +311,36 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
     per_target.unlink(missing_ok=True)  # of an evaluation stopped before the result was written
     with open_dict(cfg):
         cfg.per_target = str(per_target)
-    if segment is not None:
-        users = run_dir / "segment_users.parquet"
-        segment[1](cfg, users)
-        with open_dict(cfg):
-            cfg.users = str(users)  # evaluate.run reports them as test/segment_*
-    started = time.perf_counter()
-    trained = train.run(cfg)
-    # validation as well: the baselines' validation numbers show the gap the data itself has
-    metrics = evaluate.run(
-        cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, splits=("val", "test")
-    )
-    curve = [
-        (entry["train_seconds"], entry.get("curve/test_ndcg_at_10"))
-        for entry in trained.history or []
-    ]
-    reached = next((s for s, ndcg in curve if ndcg is not None and ndcg >= RECBOLE_NDCG), None)
-    result = {
+    identity = {
         "dataset": dataset,
         "model": model.name,
         "seed": seed,
         "loss": str(cfg.training.loss),
         "unknown_targets": str(cfg.training.unknown_targets),
         "command": command,
+    }
+    try:
+        if segment is not None:
+            users = run_dir / "segment_users.parquet"
+            segment[1](cfg, users)
+            with open_dict(cfg):
+                cfg.users = str(users)  # evaluate.run reports them as test/segment_*
+        started = time.perf_counter()
+        trained = train.run(cfg)
+        # validation as well: the baselines' validation numbers show the gap the data has
+        metrics = evaluate.run(
+            cfg, trained.checkpoint, prepared_dir=trained.prepared_dir, splits=("val", "test")
+        )
+    except Exception as err:  # the other runs go on; the table shows this one as failed
+        log.exception("%s failed", run_dir.name)
+        return {**identity, "error": f"{type(err).__name__}: {err}"}
+    curve = [
+        (entry["train_seconds"], entry.get("curve/test_ndcg_at_10"))
+        for entry in trained.history or []
+    ]
+    reached = next((s for s, ndcg in curve if ndcg is not None and ndcg >= RECBOLE_NDCG), None)
+    result = {
+        **identity,
         "test": metrics,
         "best_val": trained.best_val,
         "epochs": len(trained.history or []),
@@ -374,9 +385,16 @@ def table(results: list[dict]) -> str:
     baselines_done = set()
     for (dataset, model, policy, _), runs in groups.items():
         spec = DATASETS[dataset]
-        if (dataset, policy) not in baselines_done:  # in every run: once per dataset, protocol
+        # a failed run (no metrics) is counted in the seeds column and named below the table,
+        # never averaged over as if the entry had fewer seeds
+        done = [r for r in runs if "error" not in r]
+        failed = [r["seed"] for r in runs if "error" in r]
+        seeds = str(len(runs))
+        if failed:
+            seeds = f"{len(done)} of {len(runs)} (seed {', '.join(map(str, failed))} failed)"
+        if done and (dataset, policy) not in baselines_done:  # once per dataset, protocol
             baselines_done.add((dataset, policy))
-            first = runs[0]["test"]
+            first = done[0]["test"]
             for baseline in BASELINES:
                 rows.append(
                     f"| {dataset} | {MODELS[baseline].label} | {_protocol(spec, runs[0])} | 1 | "
@@ -385,27 +403,37 @@ def table(results: list[dict]) -> str:
                     f"{_published(spec.published.get(baseline))} | — | — | "
                     "(every run's evaluation) |"
                 )
-        hr = [r["test"]["test/hr_at_10"] for r in runs]
-        ndcg = [r["test"]["test/ndcg_at_10"] for r in runs]
-        minutes = [r["train_seconds"] / 60 for r in runs if r["train_seconds"] is not None]
-        to_target = "—" if dataset != "beauty" else _minutes_to_recbole(runs)
+        hr = [r["test"]["test/hr_at_10"] for r in done]
+        ndcg = [r["test"]["test/ndcg_at_10"] for r in done]
+        minutes = [r["train_seconds"] / 60 for r in done if r["train_seconds"] is not None]
+        to_target = "—" if dataset != "beauty" or not done else _minutes_to_recbole(done)
         published = spec.published.get(MODELS[model].compare_as or model)
+        hr_cell, ndcg_cell = (_spread(hr), _spread(ndcg)) if done else ("failed", "failed")
         rows.append(
             f"| {dataset} | {_label(MODELS[model], runs[0])} | {_protocol(spec, runs[0])} | "
-            f"{len(runs)} | "
-            f"{_spread(hr)} | {_spread(ndcg)} | {_published(published)} | "
+            f"{seeds} | "
+            f"{hr_cell} | {ndcg_cell} | {_published(published)} | "
             f"{f'{statistics.fmean(minutes):.1f}' if minutes else '—'} | {to_target} | "
             f"`{_overrides(runs[0])}` |"
         )
-        if spec.segment is not None and all("test/segment_ndcg_at_10" in r["test"] for r in runs):
+        if (
+            spec.segment is not None
+            and done
+            and all("test/segment_ndcg_at_10" in r["test"] for r in done)
+        ):
             rows.append(
                 f"| {dataset} | {_label(MODELS[model], runs[0])}, {spec.segment[0]} | "
-                f"{_protocol(spec, runs[0])} | {len(runs)} | {_segment_spread(runs, 'hr')} | "
-                f"{_segment_spread(runs, 'ndcg')} | {_published(published)} | — | — | "
+                f"{_protocol(spec, runs[0])} | {seeds} | {_segment_spread(done, 'hr')} | "
+                f"{_segment_spread(done, 'ndcg')} | {_published(published)} | — | — | "
                 "(the same runs) |"
             )
     notes = [f"- {d}: {DATASETS[d].note}" for d in dict.fromkeys(r["dataset"] for r in results)]
     notes = [n for n in notes if not n.endswith(": ")]
+    notes += [
+        f"- failed: {r['dataset']} / {r['model']} / seed {r['seed']}: {r['error']}"
+        for r in results
+        if "error" in r
+    ]
     return "\n".join(rows + ([""] + notes if notes else []))
 
 
@@ -481,15 +509,20 @@ def run_all(
             for seed in seeds:
                 log.info("%s / %s / seed %d ...", dataset, model.name, seed)
                 result = run_one(dataset, model, seed, work, overrides)
-                log.info(
-                    "%s / %s / seed %d: test NDCG@10 %.4f HR@10 %.4f, %.1f min training",
-                    dataset,
-                    model.name,
-                    seed,
-                    result["test"]["test/ndcg_at_10"],
-                    result["test"]["test/hr_at_10"],
-                    (result["train_seconds"] or 0) / 60,
-                )
+                if "error" in result:
+                    log.error(
+                        "%s / %s / seed %d failed: %s", dataset, model.name, seed, result["error"]
+                    )
+                else:
+                    log.info(
+                        "%s / %s / seed %d: test NDCG@10 %.4f HR@10 %.4f, %.1f min training",
+                        dataset,
+                        model.name,
+                        seed,
+                        result["test"]["test/ndcg_at_10"],
+                        result["test"]["test/hr_at_10"],
+                        (result["train_seconds"] or 0) / 60,
+                    )
                 results.append(result)
                 if json_path:
                     json_path.write_text(json.dumps(results, indent=2, default=str))
@@ -529,8 +562,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.table_from:
-        print(table(_saved_results(args.table_from, parser)))
-        return 0
+        results = _saved_results(args.table_from, parser)
+        print(table(results))
+        return _status(results)
     if args.seeds < 1 or args.first_seed < 0:
         parser.error(
             f"--seeds {args.seeds} --first-seed {args.first_seed}: pass at least one seed and "
@@ -564,7 +598,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="recsys-quality-") as work:
             results = run_all(datasets, models, seeds, Path(work), args.overrides, args.json)
     print(table(results))
-    return 0
+    return _status(results)
+
+
+def _status(results: list[dict]) -> int:
+    """The exit status: 1 when a run in the table failed."""
+    return 1 if any("error" in r for r in results) else 0
 
 
 def _saved_results(paths: list[Path], parser: argparse.ArgumentParser) -> list[dict]:
@@ -577,7 +616,10 @@ def _saved_results(paths: list[Path], parser: argparse.ArgumentParser) -> list[d
         except (OSError, json.JSONDecodeError) as err:
             parser.error(f"--table-from {path}: {err}; pass a file written by --json")
         if not isinstance(runs, list) or not all(
-            isinstance(r, dict) and {"dataset", "model", "seed", "test"} <= r.keys() for r in runs
+            isinstance(r, dict)
+            and {"dataset", "model", "seed", "command"} <= r.keys()
+            and ("test" in r or "error" in r)
+            for r in runs
         ):
             parser.error(f"--table-from {path}: not a list of runs; pass a file written by --json")
         for run in runs:

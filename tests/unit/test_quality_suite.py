@@ -120,6 +120,64 @@ def test_table_of_runs_without_a_training_clock_leaves_their_minutes_out():
     assert (sasrec[7], atrank[7]) == ("10.0", "—")
 
 
+def test_a_failed_seed_is_counted_and_named_never_averaged_away(tmp_path, capsys):
+    """A run that failed stays in its row's seed count, its error goes below the table, an
+    entry whose every seed failed shows no number, and the table's exit status is 1."""
+    failed = {
+        key: fake_result("sasrec_ce", 1, 0, 0, None)[key] for key in ("dataset", "seed", "command")
+    }
+    failed.update(model="sasrec_ce", error="FloatingPointError: diverged at epoch 3")
+    runs = [
+        fake_result("sasrec_ce", 0, 0.05, 0.08, reached=300.0),
+        failed,
+        fake_result("sasrec_ce", 2, 0.06, 0.10, reached=420.0),
+        {**failed, "model": "atrank", "seed": 0, "error": "RuntimeError: out of memory"},
+    ]
+    markdown = quality_suite.table(runs)
+    popularity, _, sasrec, atrank = rows(markdown)
+    assert popularity[4:6] == ["0.0112", "0.0056"]  # from a run that finished
+    assert sasrec[3:6] == ["2 of 3 (seed 1 failed)", "0.0900 ± 0.0141", "0.0550 ± 0.0071"]
+    assert sasrec[7:9] == ["11.0", "6.0"]  # the finished seeds' minutes
+    assert atrank[3:6] == ["0 of 1 (seed 0 failed)", "failed", "failed"]
+    assert atrank[7:9] == ["—", "—"]  # no minutes, no time to RecBole's figure
+    assert "- failed: beauty / sasrec_ce / seed 1: FloatingPointError: diverged" in markdown
+    assert "- failed: beauty / atrank / seed 0: RuntimeError: out of memory" in markdown
+
+    saved = tmp_path / "runs.json"
+    saved.write_text(json.dumps(runs))
+    assert quality_suite.main(["--table-from", str(saved)]) == 1
+    assert "0 of 1 (seed 0 failed)" in capsys.readouterr().out
+
+
+def test_a_run_that_fails_does_not_stop_the_suite(monkeypatch, tmp_path, capsys):
+    """Training raising an error in one run: the suite goes on to the next seed, prints the
+    table with the failures, keeps them in --json and exits with status 1; nothing of a failed
+    run is kept as finished, so the same command with --work-dir runs it again."""
+    from recsys.tasks import train
+
+    calls = []
+
+    def diverging(cfg, **kwargs):
+        calls.append(cfg.seed)
+        raise FloatingPointError(f"seed {cfg.seed}: the loss is nan")
+
+    monkeypatch.setattr(train, "run", diverging)
+    monkeypatch.setenv("RECSYS_SHARED_DATA", str(tmp_path))
+    report = tmp_path / "runs.json"
+    argv = ["--datasets", "beauty", "--models", "sasrec_ce", "--seeds", "2",
+            "--work-dir", str(tmp_path / "work"), "--json", str(report)]  # fmt: skip
+    assert quality_suite.main(argv) == 1
+    assert calls == [0, 1]
+    (*_, row) = rows(capsys.readouterr().out)
+    assert row[3:6] == ["0 of 2 (seed 0, 1 failed)", "failed", "failed"]
+    saved = json.loads(report.read_text())
+    assert [(r["seed"], r["error"]) for r in saved] == [
+        (0, "FloatingPointError: seed 0: the loss is nan"),
+        (1, "FloatingPointError: seed 1: the loss is nan"),
+    ]
+    assert not list((tmp_path / "work").glob(f"*/{quality_suite.RESULT_FILE}"))
+
+
 def test_table_from_saved_runs_merges_the_files(tmp_path, capsys):
     first, second = tmp_path / "seed0.json", tmp_path / "seeds12.json"
     first.write_text(json.dumps([fake_result("sasrec_ce", 0, 0.05, 0.08, reached=300.0)]))
