@@ -24,8 +24,8 @@ fails (an error in training or evaluation) does not stop the suite: its row coun
 the error is named under the table, and the suite exits with status 1 (with ``--work-dir`` the
 same command runs the failed run again).
 
-Datasets come from ``../shared/data`` (or ``$RECSYS_SHARED_DATA``); the suite stops with a
-clear message when they are absent.
+Datasets come from ``../shared/data`` (or ``$RECSYS_SHARED_DATA``); before any run the suite
+stops with a message naming each data file of the chosen datasets that is absent.
 """
 
 from __future__ import annotations
@@ -584,11 +584,32 @@ def main(argv: list[str] | None = None) -> int:
             for m in models:
                 print(f"{d:8} {m.name:17} experiment={d} {shlex.join(m.overrides_on(d))}")
         return 0
+    trained = [m for m in models if m.name not in BASELINES]
+    if not trained:
+        parser.error(
+            f"--models {args.models}: name a trained model (every run evaluates {BASELINES})"
+        )
     shared = Path(os.environ.get("RECSYS_SHARED_DATA", ROOT.parent / "shared" / "data"))
     if not shared.is_dir():
         print(
             f"{shared} not found: the suite needs the research datasets (../shared/data or "
             "$RECSYS_SHARED_DATA)",
+            file=sys.stderr,
+        )
+        return 2
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    missing = []
+    for name in datasets:
+        try:
+            missing += _missing_files(name, trained[0], seeds[0], args.overrides)
+        except (HydraException, OmegaConfBaseException) as err:
+            parser.error(f"experiment={name} with the overrides {args.overrides}: {err}")
+    if missing:  # before any run: not after the datasets before it have trained for hours
+        print(
+            "\n".join(missing) + "\nthe suite needs the research datasets (../shared/data or "
+            "$RECSYS_SHARED_DATA): add the files, or leave those datasets out with --datasets",
             file=sys.stderr,
         )
         return 2
@@ -599,6 +620,20 @@ def main(argv: list[str] | None = None) -> int:
             results = run_all(datasets, models, seeds, Path(work), args.overrides, args.json)
     print(table(results))
     return _status(results)
+
+
+def _missing_files(dataset: str, model: Model, seed: int, overrides: list[str]) -> list[str]:
+    """The data files ``experiment=<dataset>`` reads (with the suite's overrides) that do not
+    exist, each as a line naming the file and the dataset."""
+    from omegaconf import OmegaConf
+
+    cfg, _ = compose(dataset, model, seed, ROOT / "outputs" / "unused", overrides)
+    paths = (OmegaConf.select(cfg, key) for key in ("data.source.path", "data.items.path"))
+    return [
+        f"{path} not found (experiment={dataset})"
+        for path in paths
+        if isinstance(path, str) and not Path(path).exists()
+    ]
 
 
 def _status(results: list[dict]) -> int:

@@ -32,6 +32,15 @@ def fake_result(model: str, seed: int, ndcg: float, hr: float, reached: float | 
     }
 
 
+def shared_beauty(folder):
+    """``folder`` as $RECSYS_SHARED_DATA holding (empty) Beauty files: the suite may start."""
+    raw = folder / "amazon-s3rec" / "raw"
+    raw.mkdir(parents=True)
+    for name in ("Beauty.txt.gz", "Beauty_item2attributes.json.gz"):
+        (raw / name).touch()
+    return folder
+
+
 def rows(markdown: str) -> list[list[str]]:
     return [
         [cell.strip() for cell in line.strip("|").split("|")]
@@ -162,7 +171,7 @@ def test_a_run_that_fails_does_not_stop_the_suite(monkeypatch, tmp_path, capsys)
         raise FloatingPointError(f"seed {cfg.seed}: the loss is nan")
 
     monkeypatch.setattr(train, "run", diverging)
-    monkeypatch.setenv("RECSYS_SHARED_DATA", str(tmp_path))
+    monkeypatch.setenv("RECSYS_SHARED_DATA", str(shared_beauty(tmp_path)))
     report = tmp_path / "runs.json"
     argv = ["--datasets", "beauty", "--models", "sasrec_ce", "--seeds", "2",
             "--work-dir", str(tmp_path / "work"), "--json", str(report)]  # fmt: skip
@@ -237,7 +246,7 @@ def test_first_seed_shifts_the_seeds_of_every_entry(monkeypatch, tmp_path, capsy
         return fake_result(model.name, seed, 0.05, 0.08, reached=None)
 
     monkeypatch.setattr(quality_suite, "run_one", fake_run_one)
-    monkeypatch.setenv("RECSYS_SHARED_DATA", str(tmp_path))  # exists: the suite may start
+    monkeypatch.setenv("RECSYS_SHARED_DATA", str(shared_beauty(tmp_path)))
     argv = ["--datasets", "beauty", "--models", "sasrec_ce", "--seeds", "2", "--first-seed", "1"]
     assert quality_suite.main(argv) == 0
     assert calls == [("beauty", "sasrec_ce", 1), ("beauty", "sasrec_ce", 2)]
@@ -246,10 +255,33 @@ def test_first_seed_shifts_the_seeds_of_every_entry(monkeypatch, tmp_path, capsy
     assert "pass at least one seed" in capsys.readouterr().err
 
 
+def test_missing_data_files_are_named_before_any_run(monkeypatch, tmp_path, capsys):
+    """The shared folder exists but one dataset's files do not: the suite names each missing
+    file before training anything (not after the datasets before it have trained)."""
+    calls = []
+    monkeypatch.setattr(quality_suite, "run_one", lambda *args: calls.append(args))
+    monkeypatch.setenv("RECSYS_SHARED_DATA", str(shared_beauty(tmp_path)))
+    argv = ["--datasets", "beauty,ml1m", "--models", "sasrec_ce", "--seeds", "1"]
+    assert quality_suite.main(argv) == 2
+    err = capsys.readouterr().err
+    ml1m = tmp_path / "movielens-1m"
+    assert f"{ml1m}/sasrec_ml1m_interactions.parquet not found (experiment=ml1m)" in err
+    assert f"{ml1m}/raw/movies.dat.gz not found (experiment=ml1m)" in err
+    assert "Beauty" not in err and "leave those datasets out with --datasets" in err
+    assert calls == []
+    # the same check reports overrides that do not compose, before any run
+    with pytest.raises(SystemExit) as exit_info:
+        quality_suite.main([*argv[:1], "beauty", *argv[2:], "no_such_key=1"])
+    assert exit_info.value.code == 2
+    assert "experiment=beauty with the overrides ['no_such_key=1']" in capsys.readouterr().err
+    assert calls == []
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--datasets", "beuaty"], "unknown dataset 'beuaty': choose from"),
+        (["--models", "popularity"], "--models popularity: name a trained model"),
         (["--models", "sasrec"], "unknown model 'sasrec': choose from"),
     ],
 )
