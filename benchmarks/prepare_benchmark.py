@@ -104,6 +104,26 @@ def parse_sizes(text: str) -> list[tuple[str, int]]:
     return [(name, parse_size(name)) for name in names]
 
 
+def json_path(text: str) -> Path:
+    """``--json`` of the benchmark scripts (an argparse type): its folder must exist, checked
+    before any work rather than when the figures are written at the end."""
+    path = Path(text)
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{path}: the folder {path.parent} does not exist; create it or name another file"
+        )
+    return path
+
+
+def write_json(path: Path, data, **dumps) -> None:
+    """``data`` as JSON in ``path``, replaced at once (``write_atomically``): an interrupted
+    write leaves the file as it was, never half of it."""
+    from recsys.retrieval.output import write_atomically
+
+    text = json.dumps(data, **dumps)
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text))
+
+
 def machine_facts() -> dict:
     def version(name: str) -> str:
         try:
@@ -647,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         help="kill a job whose RSS passes this (default: 90%% of the machine's RAM)",
     )
     parser.add_argument("--timeout", type=float, default=None, help="seconds per job")
-    parser.add_argument("--json", type=Path, default=None, help="also write all results here")
+    parser.add_argument("--json", type=json_path, default=None, help="also write all results here")
     parser.add_argument("--check", action="store_true", help="compare both on a tiny log; exit")
     parser.add_argument(
         "--generate-only", action="store_true", help="generate (and keep) the logs; measure nothing"
@@ -811,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n## Targets\n")
         print("\n".join(verdicts))
     if args.json:
-        args.json.write_text(json.dumps({"machine": facts, "results": rows}, indent=2))
+        write_json(args.json, {"machine": facts, "results": rows}, indent=2)
     return 0 if all("error" not in r for r in rows) else 1
 
 

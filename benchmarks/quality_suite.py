@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.prepare_benchmark import json_path, write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("benchmarks.quality")
 
@@ -350,7 +352,7 @@ def run_one(dataset: str, model: Model, seed: int, work: Path, extra: list[str])
         "seconds_to_recbole_ndcg": reached,
         "history": trained.history,
     }
-    (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
+    write_json(run_dir / RESULT_FILE, result, indent=2, default=str)
     return result
 
 
@@ -525,7 +527,7 @@ def run_all(
                     )
                 results.append(result)
                 if json_path:
-                    json_path.write_text(json.dumps(results, indent=2, default=str))
+                    write_json(json_path, results, indent=2, default=str)
     return results
 
 
@@ -548,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         "started again skips finished runs and continues interrupted ones from their last "
         "epoch; default: a temporary folder removed at the end",
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write every result here")
+    parser.add_argument("--json", type=json_path, default=None, help="also write every result here")
     parser.add_argument("--list", action="store_true", help="print the entries and exit")
     parser.add_argument(
         "--table-from",

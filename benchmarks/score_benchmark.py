@@ -29,7 +29,14 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.prepare_benchmark import GIB, machine_facts, parse_sizes, run_watched
+from benchmarks.prepare_benchmark import (
+    GIB,
+    json_path,
+    machine_facts,
+    parse_sizes,
+    run_watched,
+    write_json,
+)
 
 log = logging.getLogger("benchmarks.score")
 
@@ -340,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-faiss", action="store_true", help="exact path only")
     parser.add_argument("--threads", type=int, default=None, help="default: the usable cores")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
-    parser.add_argument("--json", type=Path, default=None, help="also write all results here")
+    parser.add_argument("--json", type=json_path, default=None, help="also write all results here")
     parser.add_argument("--run-one", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -446,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps({"machine": facts, "command": command, "results": rows}))
+        write_json(args.json, {"machine": facts, "command": command, "results": rows})
     return 0 if all("error" not in r for r in rows) else 1
 
 

@@ -37,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.prepare_benchmark import json_path, write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("benchmarks.train")
 ACCELERATORS = {
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--step-times", action="store_true", help="also time every training step (see above)"
     )
-    parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument("--json", type=json_path, help="also write every figure here")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     sys.stdout.write(table(rows) + "\n")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        write_json(args.json, rows, indent=2)
     return 0
 
 

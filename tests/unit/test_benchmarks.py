@@ -3,6 +3,7 @@ measures each implementation after a warm-up run."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -125,3 +126,48 @@ def test_measured_jobs_import_their_code_before_the_clock_starts(impl, modules, 
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("script", "argv"),
+    [
+        ("prepare_benchmark", ["--generate-only", "--sizes", "1k"]),
+        ("score_benchmark", ["--users", "0"]),
+        ("train_benchmark", ["--epochs", "1"]),
+        ("quality_suite", ["--list"]),
+    ],
+)
+def test_a_json_file_in_a_missing_folder_is_refused_before_any_work(script, argv, tmp_path, capsys):
+    """--json names its folder's absence when the command is parsed, not when the figures are
+    written at the end of the work (FileNotFoundError after hours of a quality suite)."""
+    import importlib
+
+    main = importlib.import_module(f"benchmarks.{script}").main
+    target = tmp_path / "absent" / "figures.json"
+    data = ["--data-dir", str(tmp_path / "data")] if script == "prepare_benchmark" else []
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, *data, "--json", str(target)])
+    assert exit_info.value.code == 2
+    assert f"the folder {target.parent} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "absent").exists() and not any(
+        p for p in tmp_path.iterdir() if p.name != "absent"
+    )
+
+
+def test_json_figures_replace_the_file_at_once(tmp_path, monkeypatch):
+    """An interrupted write leaves the earlier figures whole (the quality suite rewrites its
+    --json after every run, and reads a run folder's result.json back), and no stray file."""
+    target = tmp_path / "runs.json"
+    prepare_benchmark.write_json(target, [{"seed": 0}], indent=2)
+    real_write = Path.write_text
+
+    def interrupted(self, text, *args, **kwargs):
+        real_write(self, text[: len(text) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_benchmark.write_json(target, [{"seed": 0}, {"seed": 1}], indent=2)
+    monkeypatch.undo()
+    assert json.loads(target.read_text()) == [{"seed": 0}]
+    assert [p.name for p in tmp_path.iterdir()] == ["runs.json"]
