@@ -3,8 +3,9 @@
     python -m benchmarks.allocation_benchmark                 # the sizes the notes quote
     python -m benchmarks.allocation_benchmark --repeats 9
 
-Two measurements, each in a fresh process of its own (the allocator's state after one would
-change the other's figures), taking turns between its settings after a warm-up:
+Four measurements, each in a fresh process of its own (the allocator's state after one would
+change the other's figures), taking turns between its settings after a warm-up (``--only
+NAME`` runs one in this process; ``--only evaluation --setting whole|chunked`` one setting):
 
 - **loss**: the training's full softmax, forward and backward: ``F.cross_entropy`` of
   ``hidden @ keys.T`` for (25,600, 64) hidden states (128 windows of 200) over 3,400 items, as
@@ -210,11 +211,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=512, help="search: queries per batch")
     parser.add_argument("--search-items", type=int, default=1_000_000)
     parser.add_argument("--eval-items", type=int, default=1_000_000)
-    parser.add_argument("--only", choices=MEASUREMENTS, help=argparse.SUPPRESS)
-    parser.add_argument("--setting", choices=EVAL_SETTINGS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only", choices=MEASUREMENTS, help="this measurement alone, in this process"
+    )
+    parser.add_argument(
+        "--setting",
+        choices=EVAL_SETTINGS,
+        help="with --only evaluation: the score tables made whole or in chunks (default chunked)",
+    )
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
+    for name in ("repeats", "rows", "loss_items", "users", "search_items", "eval_items"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
+    if args.setting is not None and args.only != "evaluation":
+        parser.error(
+            f"--setting {args.setting} goes with --only evaluation (without --only, both "
+            "settings are measured)"
+        )
     if args.only == "loss":
         rows = loss_rows(args.rows, args.loss_items, 64, args.repeats)
     elif args.only == "search":
@@ -222,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.only == "distillation":
         rows = distillation_rows(128, 200, args.loss_items, 64, args.repeats)
     elif args.only == "evaluation":
-        rows = evaluation_rows(args.users, args.eval_items, 64, args.repeats, args.setting)
+        setting = args.setting or "chunked"
+        rows = evaluation_rows(args.users, args.eval_items, 64, args.repeats, setting)
     else:  # the parent: one fresh process per measurement
         sys.stdout.write(
             "| measurement | setting | median ms | median page faults |\n|---|---|---:|---:|\n"

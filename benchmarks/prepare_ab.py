@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=12, help="runs of each (default 12)")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "benchmarks" / ".data")
     args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error(f"--pairs {args.pairs} must be >= 1")
     events = (args.data_dir / f"events_{args.size}").resolve()
     if not events.is_dir():
         parser.error(

@@ -171,3 +171,14 @@ def test_json_figures_replace_the_file_at_once(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert json.loads(target.read_text()) == [{"seed": 0}]
     assert [p.name for p in tmp_path.iterdir()] == ["runs.json"]
+
+
+def test_prepare_ab_refuses_no_pairs(tmp_path, capsys):
+    from benchmarks import prepare_ab
+
+    (tmp_path / "events_1M").mkdir()
+    root = Path(prepare_benchmark.__file__).resolve().parents[1]
+    with pytest.raises(SystemExit) as exit_info:
+        prepare_ab.main(["--other", str(root), "--pairs", "0", "--data-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--pairs 0 must be >= 1" in capsys.readouterr().err

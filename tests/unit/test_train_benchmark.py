@@ -124,3 +124,32 @@ def test_the_allocation_benchmark_times_each_setting_of_both_measurements(capsys
         )
         assert [r[2].strip() for r in rows] == names
         assert all(float(r[3]) >= 0 and float(r[4].replace(",", "")) >= 0 for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rows", "0"], "--rows 0 must be >= 1"),
+        (["--search-items", "-5"], "--search-items -5 must be >= 1"),
+        (["--repeats", "0"], "--repeats 0 must be >= 1"),
+        (["--setting", "whole"], "--setting whole goes with --only evaluation"),
+        (["--only", "loss", "--setting", "whole"], "goes with --only evaluation"),
+    ],
+)
+def test_the_allocation_benchmark_refuses_bad_options_by_name(argv, message, capsys):
+    from benchmarks import allocation_benchmark
+
+    with pytest.raises(SystemExit) as exit_info:
+        allocation_benchmark.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_allocation_benchmarks_evaluation_alone_names_its_setting(capsys):
+    """--only evaluation without --setting measures the chunked tables and says so."""
+    from benchmarks import allocation_benchmark
+
+    small = ["--repeats", "1", "--users", "4", "--eval-items", "100", "--only", "evaluation"]
+    assert allocation_benchmark.main(small) == 0
+    (row,) = capsys.readouterr().out.strip().splitlines()
+    assert row.split("|")[2].strip().startswith("chunked: tables of 4 rows")
