@@ -142,7 +142,44 @@ def _scan_files(
         raise DataError(f"{source} mixes file types {sorted(kinds)}: keep one type")
     frames = [_wanted_of(_scan_file(p, columns), p, source, columns) for p in files]
     _check_mixed_types(source, files, frames, columns)
-    return pl.concat(frames, how="vertical_relaxed")
+    return pl.concat(_unsigned_ids(source, files, frames, columns), how="vertical_relaxed")
+
+
+def _unsigned_ids(
+    folder: Path, files: list[Path], frames: list[pl.LazyFrame], columns: Mapping[str, bool]
+) -> list[pl.LazyFrame]:
+    """``frames`` with an id column that is UInt64 in some files and a signed integer in others
+    read as one integer type: Int64 while every id fits it (their common type's ids are then
+    prepared as Int64), else UInt64, the signed files' ids cast to it. Ids past Int64 in one
+    file and negative ids in another fit no integer type, and are refused by name."""
+    schemas = [frame.collect_schema() for frame in frames]
+    for column in (c for c, is_id in columns.items() if is_id):
+        types = [schema[column] for schema in schemas]
+        unsigned = [i for i, dtype in enumerate(types) if dtype == pl.UInt64]
+        signed = [i for i, dtype in enumerate(types) if dtype.is_signed_integer()]
+        if not unsigned or not signed:
+            continue
+        large = next((i for i in unsigned if _extreme(frames[i], column, "max") >= 2**63), None)
+        if large is None:
+            continue
+        negative = next((i for i in signed if _extreme(frames[i], column, "min") < 0), None)
+        if negative is not None:
+            raise DataError(
+                f"{folder}: id column {column!r} holds ids past Int64 in {files[large].name} "
+                f"(UInt64) and negative ids in {files[negative].name}, which no integer type "
+                "holds both of: export the ids as text in every file"
+            )
+        frames = [
+            frame.with_columns(pl.col(column).cast(pl.UInt64)) if i in signed else frame
+            for i, frame in enumerate(frames)
+        ]
+    return frames
+
+
+def _extreme(frame: pl.LazyFrame, column: str, which: str) -> int:
+    """A file's largest or smallest id in ``column`` (0 when it has none)."""
+    value = frame.select(getattr(pl.col(column), which)()).collect().item()
+    return 0 if value is None else value
 
 
 def _listed(files: list[Path], root: Path) -> tuple[list[Path], list[Path]]:
@@ -392,16 +429,19 @@ def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.
     numbers and text stays text instead of failing half-way through a later read).
 
     An id or name column (True in ``columns``; see :func:`_wanted`) becomes Int64 only when
-    each value is exactly an integer's text (``7``, ``-12``): ids as written, so ``007`` and
-    ``7`` stay two ids, and integer ids are the same (and give the same fingerprint) as in a
-    Parquet file or a frame. The timestamp becomes Int64 or Float64 where every value parses,
-    else stays text. One
-    pass, in place of polars' own schema inference over every row."""
+    each value is exactly an integer's text (``7``, ``-12``), or UInt64 when each is that of
+    a non-negative integer and some lie past Int64 (``18446744073709551615``): ids as written,
+    so ``007`` and ``7`` stay two ids, and integer ids are the same (and give the same
+    fingerprint) as in a Parquet file or a frame. The timestamp becomes Int64 or Float64 where
+    every value parses, else stays text. One pass, in place of polars' own schema inference
+    over every row."""
     try:
         present = [c for c in columns if c in lf.collect_schema()]
     except pl.exceptions.NoDataError:
         return lf  # no header: said where the columns are read
     as_int = {c: pl.col(c).cast(pl.Int64, strict=False) for c in present}
+    # ids past Int64 (UInt64 ones, up to 2**64 - 1) as a Parquet file or a frame types them
+    as_uint = {c: pl.col(c).cast(pl.UInt64, strict=False) for c in present if columns[c]}
     as_float = {c: pl.col(c).cast(pl.Float64, strict=False) for c in present}
     fits = [  # eq_missing: a value that does not parse (null) against text (not null) is False
         (as_int[c].cast(pl.String) if columns[c] else as_int[c].is_null())
@@ -413,6 +453,9 @@ def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.
         as_float[c].is_null().eq(pl.col(c).is_null()).all().alias(f"float:{c}")
         for c in present
         if not columns[c]
+    ]
+    fits += [
+        as_uint[c].cast(pl.String).eq_missing(pl.col(c)).all().alias(f"uint:{c}") for c in as_uint
     ]
     try:
         found = lf.select(fits).collect(engine="streaming").row(0, named=True) if present else {}
@@ -426,9 +469,9 @@ def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.
         # polars names no line, and suggests its own options: the line and its fix instead
         raise DataError(f"{path} could not be read as CSV: {_first_bad_line(path) or err}") from err
     typed = [
-        as_int[c] if found[f"int:{c}"] else as_float[c]
+        as_int[c] if found[f"int:{c}"] else as_uint[c] if found.get(f"uint:{c}") else as_float[c]
         for c in present
-        if found[f"int:{c}"] or found.get(f"float:{c}", False)
+        if found[f"int:{c}"] or found.get(f"uint:{c}", False) or found.get(f"float:{c}", False)
     ]
     return lf.with_columns(typed)
 

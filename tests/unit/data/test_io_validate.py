@@ -1036,6 +1036,45 @@ def test_csv_ids_are_read_as_written(tmp_path):
     assert events.schema[USER] == pl.Int64 and events[ITEM].to_list() == [2**63 - 1]
 
 
+def test_csv_ids_past_int64_are_read_as_uint64_as_in_parquet(tmp_path):
+    """A CSV's ids up to 2**64 - 1 stayed text where the same ids of a Parquet file or a frame
+    are UInt64: another fingerprint and vocabulary, so a model trained on the Parquet log was
+    refused the CSV export of the same log ('prepared with another vocabulary'; an audit's
+    finding). They are read as UInt64; a folder whose other files hold smaller integer ids
+    reads them as UInt64 too, and ids past Int64 beside negative ones are refused by name."""
+    users, items = [2**64 - 1, 2**63, 5], [2**64 - 2, 2**63 + 1, 3]
+    rows = [(u, items[k % 3], 10 + k) for u in users for k in range(6)]
+    csv = write(
+        tmp_path / "csv", "log.csv", HEADER + "".join(f"{u},{i},{t},view\n" for u, i, t in rows)
+    )
+    events = load_events(csv, SCHEMA)
+    assert events.schema[USER] == pl.UInt64 and events.schema[ITEM] == pl.UInt64
+    assert set(events[USER]) == set(users) and set(events[ITEM]) == set(items)
+    frame = pl.DataFrame(
+        rows, schema={USER: pl.UInt64, ITEM: pl.UInt64, TIMESTAMP: pl.Int64}, orient="row"
+    ).with_columns(pl.lit("view").alias(EVENT_TYPE))
+    frame.write_parquet(tmp_path / "log.parquet")
+    prepared = {
+        source.suffix: prepare_dataset(
+            source,
+            schema=SCHEMA,
+            settings=PrepareSettings(),
+            out_dir=tmp_path / f"prepared{source.suffix}",
+        )
+        for source in (csv, tmp_path / "log.parquet")
+    }
+    assert prepared[".csv"][0]["fingerprint"] == prepared[".parquet"][0]["fingerprint"]
+    # a folder: one file of small ids (Int64 alone), one past Int64
+    write(tmp_path / "mixed", "b.csv", HEADER + "1,3,20,view\n1,5,21,view\n")
+    (tmp_path / "mixed" / "a.csv").write_text(csv.read_text())
+    events = load_events(tmp_path / "mixed", SCHEMA)
+    assert events.schema[USER] == pl.UInt64 and set(events[USER]) == {*users, 1}
+    write(tmp_path / "mixed", "b.csv", HEADER + "-1,3,20,view\n")
+    message = prepare_fails(tmp_path, tmp_path / "mixed")
+    assert "'user_id' holds ids past Int64 in a.csv (UInt64) and negative ids in b.csv" in message
+    assert "export the ids as text in every file" in message
+
+
 def test_csv_event_types_and_categories_are_read_as_written(tmp_path):
     """Event types and categories are names, as ids are: a CSV's ``01`` stays ``01`` (not
     event ``1``, which no alias maps), and categories ``1.1``, ``1.10`` and ``007`` stay three
