@@ -98,6 +98,8 @@ from recsys.data.validate import (
     parse_instant,
     problem_summary,
     raw_as_text,
+    refuse_separator_inside,
+    separator_inside,
     tidy_keys,
     timestamp_expr,
 )
@@ -211,6 +213,9 @@ def load_events(
     policy = bad_rows or BadRowPolicy()
     name = describe_source(source)
     lf = scan_events(source, schema).with_row_index(ROW)
+    if checks := separator_inside(lf.collect_schema(), schema.attribute_separator):
+        found = _collect(lf.select(checks), name).row(0, named=True)
+        refuse_separator_inside(found, _side_option(schema), name)
     as_of = as_of or datetime.now(UTC)
     classified = _collect(
         lf.pipe(normalize, schema=schema).pipe(classify, as_of=as_of), name
@@ -268,6 +273,12 @@ def _warn_of_users_set_aside(classified: pl.LazyFrame, clean: pl.DataFrame, name
             set_aside.len(),
             ", ".join(str(user) for user in set_aside.head(5).to_list()),
         )
+
+
+def _side_option(schema: EventSchema) -> str:
+    """The log's category or attribute column and its setting, for messages."""
+    side = ATTRIBUTES if schema.has(ATTRIBUTES) else CATEGORY
+    return f"column {schema.columns.get(side)!r} (data.columns.{side})"
 
 
 def _collect(lf: pl.LazyFrame, name: str) -> pl.DataFrame:
@@ -613,9 +624,12 @@ def _prepare(
 ) -> tuple[dict, Vocab]:
     clock = _Stopwatch()
     raw = scan_events(source, schema)
-    rows_read = int(_collect(raw.select(pl.len()), name).item())
+    checks = separator_inside(raw.collect_schema(), schema.attribute_separator)
+    found = _collect(raw.select(pl.len().alias("rows"), *checks), name).row(0, named=True)
+    rows_read = int(found["rows"])
     if rows_read == 0:
         raise DataError(f"{name} has no rows: export a non-empty event log")
+    refuse_separator_inside(found, _side_option(schema), name)
     parts = _Partitions(stage / "_work", max(1, math.ceil(rows_read / settings.partition_rows)))
     as_of = settings.as_of or datetime.now(UTC)
 
@@ -978,10 +992,14 @@ def read_item_table(
     name = describe_source(items)
     _check_item_table(lf, types, columns, schema, item_dtype, name)
     side = ATTRIBUTES if ATTRIBUTES in types else CATEGORY  # (as scan_items mapped them)
+    separator = schema.attribute_separator if side == ATTRIBUTES else None
+    if checks := separator_inside(types, separator):
+        found = lf.select(checks).collect(engine="streaming").row(0, named=True)
+        refuse_separator_inside(found, f"column {columns[side]!r} (data.item_columns.{side})", name)
     attributes = attribute_list(
         types[side],
         side,
-        separator=schema.attribute_separator if side == ATTRIBUTES else None,
+        separator=separator,
         option=f"data.item_columns.{side}",
     )
     if TIMESTAMP in types:

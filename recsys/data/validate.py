@@ -60,6 +60,7 @@ PROBLEM = "_problem"
 RAW_TIMESTAMP = "_raw_timestamp"
 RAW_EVENT_TYPE = "_raw_event_type"
 ATTRIBUTE_SEPARATOR = "\x1f"  # joins an attribute set into one key (a control char, never in ids)
+SEPARATOR_ROWS = "_separator_rows"  # rows whose side information holds it (refused)
 PROBLEM_KINDS = (
     "null_id",
     "bad_timestamp",
@@ -294,6 +295,39 @@ def _id_text(values: pl.Expr, dtype: pl.DataType) -> pl.Expr:
         .when(~values.is_nan())
         .then(values.cast(pl.String))
     )
+
+
+def separator_inside(types: Mapping[str, pl.DataType], separator: str | None) -> list[pl.Expr]:
+    """Aggregations over a log or item table (canonical names, ``types`` its schema) for
+    :func:`refuse_separator_inside`: how many rows hold :data:`ATTRIBUTE_SEPARATOR` in their
+    category or attribute text, and one such value. That character joins an attribute set into
+    one key, so the category ``"A\\x1fB"`` would become the two attributes ``A`` and ``B``
+    without a word. None (``[]``) when the column holds no text, or when ``separator`` is that
+    character (the values are split on it)."""
+    column = ATTRIBUTES if ATTRIBUTES in types else CATEGORY if CATEGORY in types else None
+    if column is None or separator == ATTRIBUTE_SEPARATOR:
+        return []
+    dtype = types[column]
+    listed = isinstance(dtype, (pl.List, pl.Array))
+    inner = dtype.inner if listed else dtype
+    if not (inner == pl.String or isinstance(inner, CATEGORIES)):
+        return []
+    text = pl.col(column).cast(pl.List(pl.String)).list.join(" ") if listed else pl.col(column)
+    text = text.cast(pl.String)
+    inside = text.str.contains(ATTRIBUTE_SEPARATOR, literal=True).fill_null(False)
+    return [inside.sum().alias(SEPARATOR_ROWS), text.filter(inside).first().alias("_separator")]
+
+
+def refuse_separator_inside(found: Mapping[str, object], option: str, name: str) -> None:
+    """Refuse the rows :func:`separator_inside` counted (``found``: its aggregations, by name;
+    nothing to refuse without them), naming ``option`` (the column's setting) and a value."""
+    if found.get(SEPARATOR_ROWS):
+        raise DataError(
+            f"{name}: {found[SEPARATOR_ROWS]} row(s) whose {option} holds the control character "
+            f"\\x1f (e.g. {found['_separator']!r}), which recsys uses to join an attribute set "
+            "into one key: the value would be read as several attributes. Remove or replace "
+            "that character upstream"
+        )
 
 
 def attribute_key(

@@ -134,6 +134,54 @@ def test_item_table_with_attribute_sets(tmp_path):
     assert not ds.timed and ds.events()["timestamp"].null_count() == len(events)
 
 
+def test_side_information_holding_the_key_separator_is_refused(tmp_path):
+    """recsys joins an item's attribute set into one key with the control character \\x1f, and
+    a category holding it (``"A\\x1fB"``) became the two attributes ``A`` and ``B`` without a
+    word (an audit's finding). Such a value is refused by column, with an example, in the log
+    (a category, attribute lists, a separated string), in an item table and in a scored log;
+    with \\x1f as ``attribute_separator`` the values are split on it, as asked."""
+    from recsys.data.pipeline import load_events
+    from recsys.schema import EventSchema
+
+    events = pl.DataFrame(
+        {
+            "user": [1] * 6 + [2] * 6,
+            "item": [10, 11, 12] * 4,
+            "cat": ["A\x1fB", "C", "D"] * 4,
+        }
+    )
+    options = {
+        "columns": {"user_id": "user", "item_id": "item", "timestamp": None, "event_type": None},
+        "split": {"method": "leave_one_out"},
+    }
+    category = {"columns": {**options["columns"], "category": "cat"}}
+    with pytest.raises(DataError, match=r"4 row\(s\) whose column 'cat' \(data.columns.category\) "
+                       r"holds the control character \\x1f \(e.g. 'A\\x1fB'\)"):  # fmt: skip
+        rd.prepare(events, tmp_path / "category", **{**options, **category})
+    assert not (tmp_path / "category").exists()
+    lists = events.with_columns(pl.col("cat").str.split("|"))
+    attributes = {"columns": {**options["columns"], "attributes": "cat"}}
+    with pytest.raises(DataError, match=r"column 'cat' \(data.columns.attributes\)"):
+        rd.prepare(lists, tmp_path / "lists", **{**options, **attributes})
+    with pytest.raises(DataError, match=r"column 'cat' \(data.columns.attributes\)"):
+        rd.prepare(events, tmp_path / "split", attribute_separator="|", **{**options, **attributes})
+    schema = EventSchema(columns={"user_id": "user", "item_id": "item", "category": "cat"})
+    with pytest.raises(DataError, match=r"column 'cat' \(data.columns.category\)"):
+        load_events(events, schema)  # as scoring reads a log
+    table = pl.DataFrame({"item": [10, 11, 12], "tags": ["a", "b\x1fc", "c"]})
+    with pytest.raises(DataError, match=r"1 row\(s\) whose column 'tags' \(data.item_columns"):
+        rd.prepare(events.drop("cat"), tmp_path / "items", items=table,
+                   item_columns={"item_id": "item", "attributes": "tags"}, **options)  # fmt: skip
+    # the character as the separator: split on it
+    ds = rd.prepare(
+        events, tmp_path / "sep", attribute_separator="\x1f", **{**options, **attributes}
+    )
+    assert sorted(ds.vocab.attributes["attribute"]) == ["A", "B", "C", "D"]
+    clean = events.with_columns(pl.col("cat").str.replace("\x1f", "/"))
+    ds = rd.prepare(clean, tmp_path / "clean", **{**options, **category})
+    assert sorted(ds.vocab.attributes["attribute"]) == ["A/B", "C", "D"]
+
+
 @pytest.mark.parametrize("where", ["log", "item table"])
 def test_a_category_and_attributes_both_mapped_are_refused(tmp_path, where):
     """An item's side information is one set, read from the category or from the attributes:
