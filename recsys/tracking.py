@@ -22,13 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from recsys import code_version
+from recsys import code_version, locks
 from recsys.checkpoint import LoadedModel, load_checkpoint, refuse_folder
-
-try:
-    import fcntl
-except ImportError:  # (Windows: no advisory locks; see store_lock)
-    fcntl = None
 
 log = logging.getLogger(__name__)
 # (MLflow colours it: an escape sequence comes first)
@@ -353,13 +348,15 @@ def store_lock(tracking_uri: str):
     block ends; not on Windows) while a job opens the store and finds or creates its
     experiment: two jobs starting together on a new store (two nights' jobs, a sweep) would
     otherwise both create its tables or the experiment, and one fails ("table ... already
-    exists", "experiment ... already exists"). Other stores: nothing held."""
-    if fcntl is None or not tracking_uri.startswith("sqlite:///"):
+    exists", "experiment ... already exists"). Other stores, or a filesystem without
+    advisory locks (:func:`recsys.locks.flock`): nothing held."""
+    if not locks.AVAILABLE or not tracking_uri.startswith("sqlite:///"):
         yield
         return
-    fd = os.open(tracking_uri.removeprefix("sqlite:///") + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    lock = tracking_uri.removeprefix("sqlite:///") + ".lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another job opens the store
+        locks.flock(fd, locks.fcntl.LOCK_EX, lock)  # waits while another job opens the store
         yield
     finally:
         os.close(fd)  # (closing releases the lock)

@@ -354,8 +354,9 @@ def _staged(out_dir: Path) -> Iterator[Path]:
     # mkdir, not mkdtemp: the folder gets the permissions of any new folder (mkdtemp's: 0700)
     tmp = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex}"
     tmp.mkdir()
-    held = locks.hold_folder(tmp)  # a killed job's staging folder is told from a running one's
+    held = None
     try:
+        held = locks.hold_folder(tmp)  # a killed job's staging folder is told from a running one's
         yield tmp
         _swap_in(tmp, out_dir)
     except BaseException:

@@ -975,7 +975,8 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
         _HELD.discard(run_dir)
         if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} == {LOCK_FILE}:
             shutil.rmtree(run_dir)  # a job refused before any work leaves no folder behind
-        os.close(fd)
+        if fd is not None:  # (None: a filesystem without locks)
+            os.close(fd)
 
 
 # validation metrics for which higher is better (the ranking metrics, coverage, ATRank's AUC)

@@ -1,0 +1,73 @@
+"""The advisory locks (recsys.locks) on a filesystem that refuses them."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import polars as pl
+import pytest
+from omegaconf import OmegaConf
+
+from recsys import locks
+
+pytestmark = pytest.mark.skipif(not locks.AVAILABLE, reason="no advisory locks on Windows")
+
+
+@pytest.fixture
+def refused(monkeypatch):
+    """flock as on an NFS mount without its lock service (some CIFS / FUSE mounts: EOPNOTSUPP)."""
+
+    def flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(locks.fcntl, "flock", flock)
+    monkeypatch.setattr(locks, "_warned", set(), raising=False)
+
+
+def test_a_preparation_on_a_filesystem_without_locks_is_not_refused(tmp_path, refused, caplog):
+    """flock's ENOLCK ended every preparation at once in a bare "OSError: [Errno 37] No locks
+    available", its staging folder left beside the output. Now nothing is held there, as on
+    Windows, with one warning naming the path; the dataset is in place, nothing else."""
+    from recsys.data.pipeline import _staging
+
+    with caplog.at_level(logging.WARNING, logger="recsys.locks"), _staging(tmp_path / "out") as s:
+        (s / "stats.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (tmp_path / "out" / "stats.json").is_file()
+    (warning,) = caplog.messages
+    assert str(tmp_path) in warning and "has no advisory locks (No locks available)" in warning
+
+
+def test_an_error_taking_the_staging_folders_lock_leaves_no_staging_folder(tmp_path, monkeypatch):
+    from recsys.data.pipeline import _staging
+
+    def flock(fd, operation):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(locks.fcntl, "flock", flock)
+    with pytest.raises(OSError, match="Input/output error"), _staging(tmp_path / "sub" / "out"):
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_scoring_output_training_and_the_store_work_without_locks(tmp_path, refused, caplog):
+    """The scoring output's, the run folder's and the sqlite store's locks likewise: the job
+    goes on unheld (before: the same bare OSError, and a .<name>.lock left beside the
+    output), warned once for the filesystem, and leaves no lock file."""
+    from recsys.retrieval.output import PartitionedOutput
+    from recsys.tasks.train import hold_run_folder
+    from recsys.tracking import store_lock
+
+    with caplog.at_level(logging.WARNING, logger="recsys.locks"):
+        output = PartitionedOutput(tmp_path / "recs", formats=["parquet"], job={"model": "a"})
+        output.write(0, pl.DataFrame({"user_id": [1], "item_id": [2]}))
+        output.commit()
+        with hold_run_folder(OmegaConf.create({"paths": {"run_dir": str(tmp_path / "run")}})):
+            (tmp_path / "run" / "last.ckpt").write_text("x")
+        with store_lock(f"sqlite:///{tmp_path / 'mlflow.db'}"):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db.lock", "recs", "run"]
+    assert os.listdir(tmp_path / "run") == ["last.ckpt"]
+    assert len(caplog.messages) == 1  # one filesystem, one warning
