@@ -62,7 +62,7 @@ class PreparedDataset:
 
     @classmethod
     def load(cls, path: str | Path) -> PreparedDataset:
-        path = Path(path)
+        path = Path(path).expanduser()
         return cls(path=path, stats=load_stats(path), vocab=Vocab.load(path))
 
     @property
@@ -177,4 +177,4 @@ def prepare(
         items=items,
         item_columns=_options.item_columns(options),
     )
-    return PreparedDataset(path=Path(out_dir), stats=stats, vocab=vocab)
+    return PreparedDataset(path=Path(out_dir).expanduser(), stats=stats, vocab=vocab)

@@ -51,6 +51,12 @@ class DataError(ValueError):
     """Bad input data: the message names the source, the column or rows, and the fix."""
 
 
+def source_path(source: str | os.PathLike) -> Path:
+    """A path source as a :class:`Path`, ``~`` expanded (polars expands it itself: a path that
+    recsys checked unexpanded named another file than the one polars reads)."""
+    return Path(source).expanduser()
+
+
 def describe_source(source: EventSource) -> str:
     """A short human name for ``source`` used in error messages."""
     if isinstance(source, (str, os.PathLike)):
@@ -243,10 +249,10 @@ def row_locator(source: EventSource, schema: EventSchema) -> Callable[[int], str
     footer; CSV: a parse), so call it on the error path only."""
     if not isinstance(source, (str, os.PathLike)):
         return None
-    files = _source_files(Path(source))
+    files = _source_files(source_path(source))
     if len(files) < 2:
         return None
-    root = _expanded(Path(source))[1]
+    root = _expanded(source_path(source))[1]
     wanted = _wanted(schema.columns)
     starts = [0]
     for file in files:
@@ -481,7 +487,7 @@ def _as_lazy(
 ) -> pl.LazyFrame:
     """``source`` as a LazyFrame; ``columns`` (wanted column -> is an id) types a CSV."""
     if isinstance(source, (str, os.PathLike)):
-        return _scan_file(Path(source), columns, option)
+        return _scan_file(source_path(source), columns, option)
     if isinstance(source, pl.LazyFrame):
         return source
     if isinstance(source, pl.DataFrame):
@@ -681,7 +687,7 @@ def read_side_by_side(lf: pl.LazyFrame, source: EventSource, schema: EventSchema
     threads = pl.thread_pool_size()
     if threads < 2 or not isinstance(source, (str, os.PathLike)):
         return lf
-    files = _source_files(Path(source))
+    files = _source_files(source_path(source))
     if not files or len(files) >= threads or any(_suffix(p) != ".parquet" for p in files):
         return lf
     names = lf.collect_schema().names()
@@ -798,7 +804,7 @@ def read_user_list(path: str | os.PathLike, option: str = "users") -> pl.Series:
     """The user ids a CSV or Parquet file lists: its ``user_id`` column, or its only column
     (``option`` is the setting that named the file, for messages). Refused: a missing, empty or
     unsupported file, several columns none of them ``user_id``, no ids, a null id."""
-    path = Path(path)
+    path = source_path(path)
     frame = _scan_file(path, {USER: True}, option)
     try:
         names = frame.collect_schema().names()

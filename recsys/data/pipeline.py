@@ -64,6 +64,7 @@ from recsys.data.io import (
     row_locator,
     scan_events,
     scan_items,
+    source_path,
 )
 from recsys.data.sequences import BEHAVIORS, ITEMS, TimeBuckets, build_sequences
 from recsys.data.split import (
@@ -522,7 +523,7 @@ def prepare_dataset(
     bad input and ``ValueError`` for settings that cannot work with this log; either way
     nothing is written.
     """
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).expanduser()
     name = source_name or describe_source(source)
     targets = settings.split.target_behaviors
     if targets and not set(targets) <= set(schema.behaviors):
@@ -533,8 +534,8 @@ def prepare_dataset(
         )
     if (
         isinstance(source, (str, os.PathLike))
-        and Path(source).is_dir()
-        and out_dir.resolve().is_relative_to(Path(source).resolve())
+        and source_path(source).is_dir()
+        and out_dir.resolve().is_relative_to(source_path(source).resolve())
     ):
         raise DataError(
             f"output folder {out_dir} is inside the event log's folder {source}, every file of "

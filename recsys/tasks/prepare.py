@@ -55,7 +55,7 @@ def prepared(cfg: DictConfig) -> Path:
     each event's time, and buckets are computed from it per batch, as the config says."""
     if not cfg.data.prepared_dir:
         return run(cfg)
-    folder = Path(cfg.data.prepared_dir)
+    folder = Path(cfg.data.prepared_dir).expanduser()
     try:
         stats = load_stats(folder)
     except FileNotFoundError as err:
@@ -237,7 +237,8 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
     ``python -m pipelines.prepare data.prepared_dir=<folder>`` makes the folder that
     ``pipelines.train data.prepared_dir=<folder>`` reuses; else ``<run dir>/prepared``)."""
     check_required(cfg)
-    out_dir = Path(out_dir or cfg.data.prepared_dir or Path(cfg.paths.run_dir) / "prepared")
+    out_dir = out_dir or cfg.data.prepared_dir or Path(cfg.paths.run_dir) / "prepared"
+    out_dir = Path(out_dir).expanduser()
     prepare_dataset(
         event_source(cfg),
         schema=event_schema(cfg.data),

@@ -974,3 +974,32 @@ def test_a_folder_of_another_format_is_refused_by_name(tmp_path, version, says):
         PreparedDataset.load(out)
     prepare(synthetic(), out)  # the fix it names: prepared again, the folder is read
     assert load_stats(out)["format_version"] == FORMAT_VERSION
+
+
+def test_paths_starting_with_a_tilde_are_the_home_folders(tmp_path, monkeypatch):
+    """recsys took "~/..." literally where polars, which expands it, read and wrote the home
+    folder's: an event log there "does not exist", and an output folder "~/prep" was staged in
+    a folder named "~" under the working directory, then polars' writes into the home's
+    failed with a bare FileNotFoundError. Every data path now means the home folder's."""
+    from omegaconf import OmegaConf
+
+    from recsys.data import io
+    from recsys.tasks.prepare import prepared
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home" / "logs").mkdir(parents=True)
+    synthetic().write_parquet(tmp_path / "home" / "logs" / "a.parquet")
+    synthetic(seed=5).write_parquet(tmp_path / "home" / "logs" / "b.parquet")
+    stats, _ = prepare_dataset(
+        "~/logs/a.parquet", schema=SCHEMA, settings=SETTINGS, out_dir="~/prep"
+    )
+    assert stats["source"] == "~/logs/a.parquet"  # (as the user named it)
+    assert sorted(os.listdir(tmp_path)) == ["home"]  # no folder named "~"
+    assert sorted(os.listdir(tmp_path / "home")) == ["logs", "prep"]
+    assert PreparedDataset.load("~/prep").stats == stats
+    cfg = OmegaConf.create({"data": {"prepared_dir": "~/missing"}})
+    with pytest.raises(FileNotFoundError, match="home/missing holds no prepared dataset"):
+        prepared(cfg)
+    locate = io.row_locator("~/logs/*.parquet", SCHEMA)  # (the rows of a glob's files)
+    assert locate(0) == "row 0 of a.parquet"
