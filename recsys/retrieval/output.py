@@ -85,8 +85,15 @@ def check_output_path(path: str | Path) -> Path:
     """Refuse a ``retrieval.output.path`` that holds something other than a scoring output
     (no ``_manifest.json``: a run folder, a file, another job's data), which no scoring job
     writes into or replaces, even with ``retrieval.output.overwrite=true``. Needs no model, so
-    the main job checks it before it trains. Returns the absolute path."""
+    the main job checks it before it trains. Returns the absolute path. A path under a file
+    (``results.csv/recs``), where its folder could never be made, is refused too."""
     path = Path(path).expanduser().absolute()
+    above = next(p for p in path.parents if p.exists())
+    if not above.is_dir():
+        raise NotADirectoryError(
+            f"retrieval.output.path={path} lies under {above}, which is a file, not a folder: "
+            "no folder can be made there; choose another retrieval.output.path"
+        )
     # an empty folder (made ahead for the job) holds nothing to lose: written into as if absent
     if path.exists() and not _is_empty_folder(path) and PartitionedOutput._key_of(path) is None:
         raise FileExistsError(

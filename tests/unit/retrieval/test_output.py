@@ -6,7 +6,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from recsys.retrieval.output import PartitionedOutput, write_atomically
+from recsys.retrieval.output import PartitionedOutput, check_output_path, write_atomically
 
 
 @pytest.fixture
@@ -72,6 +72,19 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_scoring_output(tmp_path)
     assert pl.read_parquet(second.commit() / "part-00000.parquet")["user_id"].to_list() == [2]
     (tmp_path / "empty").mkdir()
     PartitionedOutput(tmp_path / "empty", formats=["parquet"], job={"job": 3}, overwrite=True)
+
+
+def test_an_output_path_under_a_file_is_refused_before_any_work(tmp_path):
+    """retrieval.output.path=<a file>/recs passed the check the main job makes before it
+    trains; after the training and scoring, making its folder failed with a bare
+    "FileExistsError: [Errno 17] File exists: '<the file>'". Now the check refuses it,
+    naming the file, and nothing is written."""
+    (tmp_path / "results.csv").write_text("user_id\n")
+    with pytest.raises(NotADirectoryError, match=r"lies under .*results.csv, which is a file"):
+        check_output_path(tmp_path / "results.csv" / "day" / "recs")
+    with pytest.raises(NotADirectoryError, match="which is a file"):
+        PartitionedOutput(tmp_path / "results.csv" / "recs", formats=["parquet"], job={"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
 
 
 def test_an_empty_folder_at_the_output_path_is_written_into_without_overwrite(tmp_path):
