@@ -29,6 +29,7 @@ interrupted run never leaves a partial dataset (or a partial quarantine file) be
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -101,6 +102,7 @@ from recsys.data.validate import (
     raw_as_text,
     refuse_separator_inside,
     separator_inside,
+    single_text_side,
     tidy_keys,
     timestamp_expr,
 )
@@ -626,7 +628,10 @@ def _prepare(
 ) -> tuple[dict, Vocab]:
     clock = _Stopwatch()
     raw = scan_events(source, schema)
-    checks = separator_inside(raw.collect_schema(), schema.attribute_separator)
+    types = raw.collect_schema()
+    # a single text value per row is checked among the vocabulary's few distinct keys instead
+    single_text = single_text_side(types, schema.attribute_separator)
+    checks = [] if single_text else separator_inside(types, schema.attribute_separator)
     found = _collect(raw.select(pl.len().alias("rows"), *checks), name).row(0, named=True)
     rows_read = int(found["rows"])
     if rows_read == 0:
@@ -813,6 +818,11 @@ def _prepare(
         min_item_count=settings.min_item_count,
         item_table=item_table,
         max_item_attributes=settings.max_item_attributes,
+        refuse_joined=(
+            functools.partial(refuse_separator_inside, option=_side_option(schema), name=name)
+            if single_text
+            else None
+        ),
     )
     if vocab.items.height == 0:
         count = settings.min_item_count

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,13 @@ import numpy as np
 import polars as pl
 
 from recsys.data.io import DataError
-from recsys.data.validate import ATTRIBUTE_SEPARATOR, LOCAL, attribute_sets
+from recsys.data.validate import (
+    ATTRIBUTE_SEPARATOR,
+    LOCAL,
+    SEPARATOR_EXAMPLE,
+    SEPARATOR_ROWS,
+    attribute_sets,
+)
 from recsys.schema import ATTRIBUTES, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, UNK_IDX
 
 log = logging.getLogger(__name__)
@@ -119,6 +126,7 @@ class Vocab:
         min_item_count: int = 1,
         item_table: pl.LazyFrame | None = None,
         max_item_attributes: int = 32,
+        refuse_joined: Callable[[Mapping[str, object]], None] | None = None,
     ) -> Vocab:
         """Fit on training events (``item_id`` and ``attributes``: attribute lists or the
         keys of :func:`recsys.data.validate.attribute_key`), or on their :func:`count_pairs`.
@@ -126,7 +134,10 @@ class Vocab:
         ``item_table`` (``item_id, attributes``) gives items their attribute sets; items it
         does not list fall back to their training events. Items seen fewer than
         ``min_item_count`` times map to UNK; an item keeps its ``max_item_attributes`` most
-        frequent attributes.
+        frequent attributes. ``refuse_joined`` (for events whose attribute keys are single text
+        values, :func:`recsys.data.validate.single_text_side`) is given the training rows and
+        one value when a key holds :data:`ATTRIBUTE_SEPARATOR`, which would split it into
+        several attributes (:func:`recsys.data.validate.refuse_separator_inside`).
         """
         if EVENTS in train.collect_schema():  # pairs counted already (by count_pairs)
             pairs = train.group_by(ITEM, _KEY).agg(pl.col(EVENTS).sum().alias("_n"))
@@ -135,7 +146,11 @@ class Vocab:
         pairs = pairs.collect(engine="streaming").with_columns(  # faster even in memory
             pl.col(_KEY).cast(pl.String)
         )
-        if pairs[_KEY].str.contains(ATTRIBUTE_SEPARATOR, literal=True).any():
+        joined = pairs[_KEY].str.contains(ATTRIBUTE_SEPARATOR, literal=True)
+        if refuse_joined is not None and joined.any():
+            held = pairs.filter(joined)
+            refuse_joined({SEPARATOR_ROWS: int(held["_n"].sum()), SEPARATOR_EXAMPLE: held[_KEY][0]})
+        if joined.any():
             # a set, in whatever order (or with repeats) its events list it: ["y", "x"] and
             # ["x", "y", "x"] are the set {x, y}, counted together (once per distinct pair)
             canonical = attribute_sets(pl.col(_KEY)).list.unique().list.sort()
