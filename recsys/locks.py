@@ -118,11 +118,16 @@ def remove_if_abandoned(folder: Path) -> bool:
     except OSError:  # gone meanwhile (its job finished), or not a folder
         return False
     try:
-        if not flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, folder) or not any(folder.iterdir()):
+        if not flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, folder):
+            return False
+        # its job may have finished meanwhile: released the folder after renaming it into place
+        if not os.path.samestat(os.fstat(fd), os.stat(folder)) or not any(folder.iterdir()):
             return False
         shutil.rmtree(folder, ignore_errors=True)
         return True
     except BlockingIOError:  # a running job's
+        return False
+    except FileNotFoundError:  # renamed into place (or removed) by its job meanwhile
         return False
     finally:
         os.close(fd)

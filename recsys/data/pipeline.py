@@ -382,11 +382,10 @@ def _remove_abandoned(out_dir: Path) -> None:
         match = leftover.fullmatch(path.name)
         if match is None or not path.is_dir():
             continue
-        if match.group(1):  # (only ever deleted: by its own job too, meanwhile, is fine)
-            shutil.rmtree(path, ignore_errors=True)
-        elif not locks.remove_if_abandoned(path):
-            continue
-        log.warning("removed %s, left by a preparation into %s that was killed", path, out_dir)
+        if match.group(1):  # only ever deleted: by its own job too, meanwhile, so no warning
+            shutil.rmtree(path, ignore_errors=True)  # (a running job's swap may be deleting it)
+        elif locks.remove_if_abandoned(path):
+            log.warning("removed %s, left by a preparation into %s that was killed", path, out_dir)
 
 
 def _swap_in(tmp: Path, out_dir: Path) -> None:

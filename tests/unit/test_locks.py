@@ -71,3 +71,24 @@ def test_scoring_output_training_and_the_store_work_without_locks(tmp_path, refu
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db.lock", "recs", "run"]
     assert os.listdir(tmp_path / "run") == ["last.ckpt"]
     assert len(caplog.messages) == 1  # one filesystem, one warning
+
+
+def test_a_staging_folder_renamed_into_place_meanwhile_is_not_taken_for_a_leftover(
+    tmp_path, monkeypatch
+):
+    """A preparation's sweep for killed jobs' staging folders opened one, and its job renamed
+    it into place and let it go before the sweep took the lock: the sweep then listed the old
+    path and raised FileNotFoundError, failing a preparation that ran beside another into the
+    same folder (tests/unit/data/test_pipeline.py's four preparations at once, now and then)."""
+    staging, done = tmp_path / ".out.0123", tmp_path / "out"
+    staging.mkdir()
+    (staging / "stats.json").write_text("{}")
+    take = locks.flock
+
+    def finished_meanwhile(fd, operation, path):
+        staging.rename(done)  # its job's swap, between the sweep's open and its lock
+        return take(fd, operation, path)
+
+    monkeypatch.setattr(locks, "flock", finished_meanwhile)
+    assert locks.remove_if_abandoned(staging) is False
+    assert (done / "stats.json").read_text() == "{}"
