@@ -682,6 +682,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sizes names no size: pass e.g. --sizes 1M")
     if args.gen_workers < 1:
         parser.error(f"--gen-workers {args.gen_workers} must be >= 1")
+    for option, value, unset in (
+        ("--max-rss-gib", args.max_rss_gib, "90 % of RAM"),
+        ("--timeout", args.timeout, "no time limit"),
+    ):  # (0 was read as unset by --max-rss-gib, and --timeout 0 killed every job)
+        if value is not None and not value > 0:
+            parser.error(f"{option} {value} must be a number > 0 (leave it out for {unset})")
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

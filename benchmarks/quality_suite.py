@@ -660,6 +660,11 @@ def _saved_results(paths: list[Path], parser: argparse.ArgumentParser) -> list[d
         ):
             parser.error(f"--table-from {path}: not a list of runs; pass a file written by --json")
         for run in runs:
+            if run["dataset"] not in DATASETS:  # (a table row needs its published number)
+                parser.error(
+                    f"--table-from {path}: dataset {run['dataset']!r} is not one of the suite's "
+                    f"{list(DATASETS)}; pass files written by this suite's --json"
+                )
             key = (*_entry(run), run["seed"])
             if key in seen:
                 parser.error(

@@ -61,6 +61,8 @@ def test_bad_repeat_counts_are_refused():
         (["--pandas-sizes", "10Q"], "argument --pandas-sizes: size '10Q'"),
         (["--sizes", ","], "--sizes names no size"),
         (["--gen-workers", "0"], "--gen-workers 0 must be >= 1"),
+        (["--max-rss-gib", "0"], "--max-rss-gib 0.0 must be a number > 0 (leave it out for 90"),
+        (["--timeout", "0"], "--timeout 0.0 must be a number > 0 (leave it out for no time"),
     ],
 )
 def test_bad_sizes_and_workers_are_refused_by_name_before_any_work(argv, message, capsys):
