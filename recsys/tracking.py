@@ -187,12 +187,14 @@ class Tracker:
         change it), and a different new value is set as the tag ``changed_param.<name>``,
         except under the ``restored`` prefixes (a resumed training's optimiser, for one,
         continues from the checkpoint): a new value there is named in a warning as not
-        applied."""
+        applied. A change the run's ``changed_param.<name>`` tag already records is not
+        named again."""
         if not self.enabled:
             return
         from mlflow.entities import Param
 
-        logged = self.client.get_run(self.run_id).data.params
+        run = self.client.get_run(self.run_id).data
+        logged = run.params
         values = {k: str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()}
         items = [Param(k, v) for k, v in values.items() if k not in logged]
         for start in range(0, len(items), 100):  # MLflow's batch limit
@@ -204,7 +206,13 @@ class Tracker:
                 "not applied to the resumed training, which continues from its checkpoint: %s",
                 ", ".join(f"{k} {logged[k]} (given {v})" for k, v in sorted(kept.items())),
             )
-        changed = {k: v for k, v in changed.items() if k not in kept}
+        # (a change the run's tags already record: the main job logs its config before the
+        # training does, and a resumed one named each change twice)
+        changed = {
+            k: v
+            for k, v in changed.items()
+            if k not in kept and run.tags.get(f"changed_param.{k}") != v
+        }
         if changed:
             log.info(
                 "parameters changed since this run logged them (tags changed_param.*): %s",

@@ -202,6 +202,9 @@ def test_continued_run_keeps_its_parameters_and_tags_the_changed_ones(tmp_path, 
     assert again.client.get_run(first.run_id).info.status == "RUNNING"
     with caplog.at_level("INFO", logger="recsys.tracking"):
         again.log_params({"epochs": 3, "lr": 0.1, "resume": "last"})  # MLflow alone refuses
+        # the main job logs its config, then its training does: the change is named once
+        again.log_params({"epochs": 3, "lr": 0.1, "resume": "last"})
+    assert caplog.text.count("epochs 2 -> 3") == 1
     again.finish()
     run = again.client.get_run(first.run_id)
     assert run.info.status == "FINISHED"
