@@ -298,6 +298,12 @@ def _id_text(values: pl.Expr, dtype: pl.DataType) -> pl.Expr:
     )
 
 
+def side_column(types: Mapping[str, pl.DataType]) -> str | None:
+    """The side-information column of a log or item table (canonical names): attributes, or
+    a category, or None."""
+    return ATTRIBUTES if ATTRIBUTES in types else CATEGORY if CATEGORY in types else None
+
+
 def separator_inside(types: Mapping[str, pl.DataType], separator: str | None) -> list[pl.Expr]:
     """Aggregations over a log or item table (canonical names, ``types`` its schema) for
     :func:`refuse_separator_inside`: how many rows hold :data:`ATTRIBUTE_SEPARATOR` in their
@@ -305,7 +311,7 @@ def separator_inside(types: Mapping[str, pl.DataType], separator: str | None) ->
     one key, so the category ``"A\\x1fB"`` would become the two attributes ``A`` and ``B``
     without a word. None (``[]``) when the column holds no text, or when ``separator`` is that
     character (the values are split on it)."""
-    column = ATTRIBUTES if ATTRIBUTES in types else CATEGORY if CATEGORY in types else None
+    column = side_column(types)
     if column is None or separator == ATTRIBUTE_SEPARATOR:
         return []
     dtype = types[column]
@@ -328,7 +334,7 @@ def single_text_side(types: Mapping[str, pl.DataType], separator: str | None) ->
     then its own attribute key, so :meth:`recsys.data.vocab.Vocab.fit` finds a value holding
     :data:`ATTRIBUTE_SEPARATOR` among its few distinct keys, and a preparation need not scan
     every row for it (:func:`separator_inside`: +8-12 % on a 1 M-event log of text categories)."""
-    column = ATTRIBUTES if ATTRIBUTES in types else CATEGORY if CATEGORY in types else None
+    column = side_column(types)
     if column is None or separator:
         return False
     dtype = types[column]
