@@ -451,7 +451,7 @@ def _protocol(spec: Dataset, result: dict) -> str:
     """The dataset's protocol and what the run did with targets whose item never occurs in
     training (``training.unknown_targets``; JSON from before that field: not stated, they were
     left out)."""
-    from recsys.tasks.evaluate import UNKNOWN_TARGETS_WORDS  # the runs' protocol tag's words
+    from recsys.training.evaluation import UNKNOWN_TARGETS_WORDS  # the runs' protocol tag's words
 
     policy = result.get("unknown_targets")
     if not policy:

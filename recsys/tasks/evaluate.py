@@ -57,52 +57,12 @@ from recsys.training.evaluation import (
     TargetRecords,
     evaluate,
     pick_device,
+    protocol_tags,
     warn_of_few_targets,
 )
 from recsys.training.module import SeqRecModule
 
 log = logging.getLogger(__name__)
-
-
-def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:
-    """How the numbers were measured, stamped on the run (and in the benchmark table)."""
-    stats = datamodule.stats
-    split = stats["split"]
-    sampled = cfg.training.get("sampled_metrics")
-    return {
-        "protocol.split": split["method"],
-        "protocol.target_behaviors": str(split["target_behaviors"] or "any"),
-        "protocol.candidates": "all items",
-        "protocol.sampled_candidates": (
-            f"target + {sampled.num_negatives} {sampled.sampler} negatives (sampled_*, auc)"
-            if sampled
-            else "none"
-        ),
-        "protocol.seen_items": SEEN_ITEMS_WORDS[cfg.training.seen_items],
-        "protocol.unknown_item_targets": (
-            f"{UNKNOWN_TARGETS_WORDS[cfg.training.unknown_targets]} "
-            f"({stats.get('val_targets_unknown_item', 0)} validation, "
-            f"{stats.get('test_targets_unknown_item', 0)} test)"
-        ),
-        "protocol.max_seq_len": str(datamodule.max_seq_len),
-        "protocol.ranking": (
-            f"top {cfg.training.rerank_top_n} re-ranked by target attention"
-            if cfg.training.rerank_top_n
-            else "retrieval only"
-        ),
-        "data.fingerprint": stats["fingerprint"],
-    }
-
-
-UNKNOWN_TARGETS_WORDS = {  # also the benchmark table's words
-    "skip": "left out of the means",
-    "miss": "counted as misses (S3-Rec family)",
-}
-SEEN_ITEMS_WORDS = {
-    "keep": "kept",
-    "exclude": "excluded (-inf)",
-    "zero": "scored 0 (S3-Rec family)",
-}
 
 
 def headline_k(metric_ks) -> int:

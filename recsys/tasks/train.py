@@ -69,7 +69,7 @@ from recsys.training.callbacks import (
     StopOnDivergence,
     TrainingClock,
 )
-from recsys.training.evaluation import pick_device, warn_of_few_targets
+from recsys.training.evaluation import pick_device, protocol_tags, warn_of_few_targets
 from recsys.training.metrics import known_target_shares
 from recsys.training.module import SeqRecModule, same_target_partners
 
@@ -1384,12 +1384,8 @@ def _run(
     with use_tracker(
         tracker, cfg.logger, run_name=cfg.task_name, continue_run_id=continued
     ) as tracker:
-        tracker.set_tags(
-            {
-                "data.fingerprint": datamodule.stats["fingerprint"],
-                "task": cfg.task_name,
-                **sweep_tags(),
-            }
+        tracker.set_tags(  # (the validation metrics' protocol: pipelines.train has no test)
+            {**protocol_tags(cfg, datamodule), "task": cfg.task_name, **sweep_tags()}
         )
         if initialised is not None:
             tracker.set_tags(initialised.run_tags("train.initialised_from"))

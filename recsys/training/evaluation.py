@@ -10,7 +10,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,11 @@ from recsys.data.validate import canonical_id_type
 from recsys.schema import NUM_RESERVED
 from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from recsys.data.datamodule import SeqRecDataModule
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,47 @@ def evaluate(
 
 # Below this many targets a split's metrics cannot resolve 0.01: one target moves HR@K by
 # 1 / targets (a Taobao sample's 38 test targets: 0.026), and a warning says so
+def protocol_tags(cfg: DictConfig, datamodule: SeqRecDataModule) -> dict[str, str]:
+    """How the numbers were measured, stamped on the run (and in the benchmark table)."""
+    stats = datamodule.stats
+    split = stats["split"]
+    sampled = cfg.training.get("sampled_metrics")
+    return {
+        "protocol.split": split["method"],
+        "protocol.target_behaviors": str(split["target_behaviors"] or "any"),
+        "protocol.candidates": "all items",
+        "protocol.sampled_candidates": (
+            f"target + {sampled.num_negatives} {sampled.sampler} negatives (sampled_*, auc)"
+            if sampled
+            else "none"
+        ),
+        "protocol.seen_items": SEEN_ITEMS_WORDS[cfg.training.seen_items],
+        "protocol.unknown_item_targets": (
+            f"{UNKNOWN_TARGETS_WORDS[cfg.training.unknown_targets]} "
+            f"({stats.get('val_targets_unknown_item', 0)} validation, "
+            f"{stats.get('test_targets_unknown_item', 0)} test)"
+        ),
+        "protocol.max_seq_len": str(datamodule.max_seq_len),
+        "protocol.ranking": (
+            f"top {cfg.training.rerank_top_n} re-ranked by target attention"
+            if cfg.training.rerank_top_n
+            else "retrieval only"
+        ),
+        "data.fingerprint": stats["fingerprint"],
+    }
+
+
+UNKNOWN_TARGETS_WORDS = {  # also the benchmark table's words
+    "skip": "left out of the means",
+    "miss": "counted as misses (S3-Rec family)",
+}
+SEEN_ITEMS_WORDS = {
+    "keep": "kept",
+    "exclude": "excluded (-inf)",
+    "zero": "scored 0 (S3-Rec family)",
+}
+
+
 MIN_EVALUATION_TARGETS = 100
 
 

@@ -520,3 +520,26 @@ def test_a_run_folder_given_as_the_model_names_the_checkpoints_in_it(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(IsADirectoryError, match="holds no checkpoint"):
         resolve_model(str(tmp_path / "empty"), None)
+
+
+def test_a_training_alone_stamps_its_validation_metrics_with_their_protocol(
+    make_config, monkeypatch
+):
+    """pipelines.train logs val/* metrics without a test evaluation after it: its run carries
+    the same protocol.* tags as the main job's, so that a number read from it says how it was
+    measured (split, candidates, seen items...)."""
+    from recsys.tasks import train
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = make_config(
+        "config",
+        ["experiment=tiny", "trainer.max_epochs=1", "training.seen_items=exclude"],
+    )
+    run_id = train.run(cfg).run.split()[2]  # "MLflow run <id> (mlflow ui ...)"
+    run = Tracker(tracking_uri=cfg.logger.tracking_uri, run_id=run_id).client.get_run(run_id)
+    tags, metrics = run.data.tags, run.data.metrics
+    assert "val/ndcg_at_10" in metrics
+    assert tags["protocol.split"] == "temporal"
+    assert tags["protocol.candidates"] == "all items"
+    assert tags["protocol.seen_items"] == "excluded (-inf)"
+    assert tags["data.fingerprint"] and tags["task"] == cfg.task_name
