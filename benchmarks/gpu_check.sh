@@ -12,7 +12,8 @@
 # 3. the main job's wall time with trainer=gpu and with the CPU only, side by side;
 # 4. the unit tests, where trainer.accelerator=auto now means the GPU (test files that import
 #    mlflow fail to collect where it is absent; the others run).
-# Each step's output goes to LOG_DIR (default: a temporary folder) and a summary to stdout.
+# Each step's output goes to LOG_DIR (default: a temporary folder) and a summary to stdout;
+# the exit status is 1 when any step failed (they are named on the last line), else 0.
 # GPU_CHECK_STEPS picks steps by name (default: all five, in the order above), e.g.
 #   GPU_CHECK_STEPS="gpu_tests main_job_gpu unit_tests" bash benchmarks/gpu_check.sh
 set -uo pipefail
@@ -25,6 +26,7 @@ cd "$(dirname "$0")/.."
 LOG_DIR=${1:-$(mktemp -d)}
 mkdir -p "$LOG_DIR"
 WORK=$(mktemp -d)
+FAILED=""
 export PYTHONUNBUFFERED=1
 
 python - <<'EOF' | tee "$LOG_DIR/versions.txt"
@@ -42,6 +44,7 @@ step() {  # step NAME TIMEOUT COMMAND...: run, keep the log, print the last line
     local start=$EPOCHREALTIME
     timeout "$limit" "$@" >"$LOG_DIR/$name.log" 2>&1
     local rc=$?
+    [[ $rc -eq 0 ]] || FAILED+=" $name"
     awk -v n="$name" -v rc="$rc" -v a="$start" -v b="$EPOCHREALTIME" \
         'BEGIN { printf "\n== %s: rc %s, %.1f s\n", n, rc, b - a }'
     grep -iE "trained|train_seconds|epochs? in" "$LOG_DIR/$name.log" | tail -n 3
@@ -60,3 +63,7 @@ step main_job_cpu 120 python -m pipelines.run trainer.accelerator=cpu retrieval.
 step unit_tests 240 python -m pytest -q -p no:cacheprovider -rf --continue-on-collection-errors \
     tests/unit
 rm -rf "$WORK"
+if [[ -n $FAILED ]]; then
+    echo "failed steps:$FAILED (logs in $LOG_DIR)"
+    exit 1
+fi

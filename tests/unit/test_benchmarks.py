@@ -184,3 +184,29 @@ def test_prepare_ab_refuses_no_pairs(tmp_path, capsys):
         prepare_ab.main(["--other", str(root), "--pairs", "0", "--data-dir", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "--pairs 0 must be >= 1" in capsys.readouterr().err
+
+
+def test_the_gpu_check_exits_non_zero_naming_the_steps_that_failed(tmp_path):
+    """benchmarks/gpu_check.sh is read from its exit status in a scripted device run: a step
+    that fails (here the GPU main job on a machine without one, refused at once) makes it
+    exit 1 and say which; an unknown step name is refused before anything runs."""
+    import os
+    import shutil
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_available() or shutil.which("bash") is None:
+        pytest.skip("needs a machine without a CUDA GPU, and bash")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
+    env = {**os.environ, "GPU_CHECK_STEPS": "main_job_gpu"}
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path / "logs")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"failed steps: main_job_gpu (logs in {tmp_path / 'logs'})" in done.stdout
+    assert "no CUDA GPU" in (tmp_path / "logs" / "main_job_gpu.log").read_text()
+    env["GPU_CHECK_STEPS"] = "main_job_tpu"
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown step 'main_job_tpu'" in done.stderr
