@@ -91,7 +91,7 @@ from recsys.data.validate import (
     BadRowPolicy,
     attribute_list,
     attribute_sets,
-    canonical_id_type,
+    canonical_ids,
     check_number,
     classify,
     enforce,
@@ -997,8 +997,8 @@ def read_item_table(
     columns = dict(item_columns or DEFAULT_ITEM_COLUMNS)
     lf = scan_items(items, columns)
     types = lf.collect_schema()
-    if (cast := canonical_id_type(types[ITEM])) is not None:  # as the log's ids are prepared
-        lf = lf.with_columns(pl.col(ITEM).cast(cast))
+    if (ids := canonical_ids(ITEM, types[ITEM])) is not None:  # as the log's ids are prepared
+        lf = lf.with_columns(ids)
         types = lf.collect_schema()
     name = describe_source(items)
     _check_item_table(lf, types, columns, schema, item_dtype, name)
@@ -1081,8 +1081,8 @@ def _check_item_table(
     )
     id_column, moment_column = columns[ITEM], columns.get(TIMESTAMP)
     fixes = {
-        "null_ids": f"row(s) without an item id (column {id_column!r}): remove them or fill "
-        "the ids",
+        "null_ids": f"row(s) without an item id (null or empty; column {id_column!r}): remove "
+        "them or fill the ids",
         "changed_ids": f"item id(s) that change as the event log's {item_dtype} ids (column "
         f"{id_column!r}, e.g. {found['changed_ids_examples']}; '007' would become the item 7, "
         "19.5 the item 19): export the table's ids exactly as the log writes them",

@@ -12,7 +12,7 @@ in ``stats.json`` and summarised in the log.
 Problem kinds, in the order a row is labelled (a row with several problems gets the first):
 
 =====================  ===========================================================
-``null_id``            null user or item id
+``null_id``            null (or empty text) user or item id
 ``bad_timestamp``      a timestamp that is null or cannot be parsed
 ``unknown_behavior``   an event type outside ``behaviors`` / ``behavior_aliases``
 ``negative_timestamp`` before 1970-01-01 (a unit or sign error upstream)
@@ -72,7 +72,7 @@ PROBLEM_KINDS = (
 )
 POLICIES = ("error", "drop")
 _DESCRIPTIONS = {
-    "null_id": "with a null user or item id (columns {user_id!r} / {item_id!r})",
+    "null_id": "with a null or empty user or item id (columns {user_id!r} / {item_id!r})",
     "bad_timestamp": "whose timestamp (column {timestamp!r}) could not be parsed",
     "unknown_behavior": "with an event type (column {event_type!r}) outside {behaviors}",
     "negative_timestamp": "with a timestamp before 1970-01-01 (column {timestamp!r})",
@@ -424,6 +424,18 @@ def canonical_id_type(dtype: pl.DataType) -> pl.DataType | None:
     return None
 
 
+def canonical_ids(column: str, dtype: pl.DataType) -> pl.Expr | None:
+    """The id ``column`` (of type ``dtype``) as ids are prepared, or None where it is so
+    already: in :func:`canonical_id_type`, and an empty text id as a missing one (null), as a
+    CSV's empty field reads. An export that writes ``""`` for an anonymous visitor would
+    otherwise make one user of every such event."""
+    cast = canonical_id_type(dtype)
+    if (cast or dtype) != pl.String:
+        return None if cast is None else pl.col(column).cast(cast)
+    ids = pl.col(column) if cast is None else pl.col(column).cast(cast)
+    return pl.when(ids != "").then(ids).alias(column)
+
+
 def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
     """Cast a canonical-named log to canonical types (lazy; bad values become nulls here and
     are labelled by :func:`classify`).
@@ -439,9 +451,7 @@ def normalize(lf: pl.LazyFrame, *, schema: EventSchema) -> pl.LazyFrame:
     types = lf.collect_schema()
     aliases = {**{b: b for b in schema.behaviors}, **schema.behavior_aliases}
     columns = [
-        pl.col(column).cast(cast)
-        for column in (USER, ITEM)
-        if (cast := canonical_id_type(types[column])) is not None
+        ids for column in (USER, ITEM) if (ids := canonical_ids(column, types[column])) is not None
     ]
     if TIMESTAMP in types:
         columns += [

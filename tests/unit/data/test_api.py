@@ -287,7 +287,11 @@ def test_an_item_table_that_lists_no_training_item_is_reported(tmp_path, caplog)
     [
         (
             pd.DataFrame({"item": [10.0, None, 12.0], "tags": ["a", "b", "c"]}),
-            "1 row(s) without an item id (column 'item')",
+            "1 row(s) without an item id (null or empty; column 'item')",
+        ),
+        (  # an export's "" for a lost id: missing, as a CSV's empty field reads
+            pd.DataFrame({"item": ["10", ""], "tags": ["a", "b"]}),
+            "1 row(s) without an item id (null or empty; column 'item')",
         ),
         (
             pd.DataFrame({"item": [10.0, 11.5], "tags": ["a", "b"]}),
@@ -302,7 +306,7 @@ def test_an_item_table_that_lists_no_training_item_is_reported(tmp_path, caplog)
             "1 moment(s) that do not parse (column 'since', e.g. ['soon'])",
         ),
     ],
-    ids=["null id", "fractional id", "leading zero", "bad moment"],
+    ids=["null id", "empty id", "fractional id", "leading zero", "bad moment"],
 )
 def test_an_item_table_row_that_would_be_lost_or_merged_is_refused(tmp_path, table, message):
     """A null id, an id the log's type would change (19.5 -> 19; '011' -> 11, merging with

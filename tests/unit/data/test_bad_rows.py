@@ -44,8 +44,8 @@ def bad_row(good: pl.DataFrame, kind: str) -> dict:
 
 
 EXPECTED_MESSAGE = {
-    "null_id": r"1 row\(s\) with a null user or item id \(columns 'user' / 'item'\) \[null_id\]"
-    r" \(row 400\); fix: .*data.bad_rows.null_id=drop",
+    "null_id": r"1 row\(s\) with a null or empty user or item id \(columns 'user' / 'item'\) "
+    r"\[null_id\] \(row 400\); fix: .*data.bad_rows.null_id=drop",
     "bad_timestamp": r"whose timestamp \(column 'ts'\) could not be parsed \[bad_timestamp\] "
     r"\(row 400: 'yesterday'\); fix: use Unix seconds",
     "unknown_behavior": r"outside \['view', 'click', 'cart', 'purchase'\] \[unknown_behavior\] "
@@ -332,3 +332,33 @@ def test_order_only_log_refuses_a_temporal_split(tmp_path):
     frame = pl.DataFrame({"user_id": [1, 1, 1], "item_id": [1, 2, 3]})
     with pytest.raises(DataError, match="no timestamp column.*leave_one_out or leave_last_n"):
         rd.prepare(frame, tmp_path / "p", columns={"timestamp": None, "event_type": None})
+
+
+@pytest.mark.parametrize("source", ["csv", "parquet", "pandas", "polars categorical"])
+def test_an_empty_text_id_is_a_missing_id_whatever_the_source(good, tmp_path, source):
+    """A warehouse export that writes "" for an anonymous visitor (or a lost item id) would
+    make one user (item) of every such event; the empty id is a missing one, as a CSV's empty
+    field reads, in every source alike, and the item table's too."""
+    frame = pl.concat([good, good.head(3).with_columns(user=pl.lit("")), good.head(2)])
+    last = pl.int_range(pl.len()) == GOOD_ROWS + 3
+    frame = frame.with_columns(item=pl.when(last).then(pl.lit("")).otherwise("item"))
+    if source == "csv":  # "" quoted, so that the CSV reader keeps it as text
+        path = tmp_path / "events.csv"
+        frame.write_csv(path, quote_style="always")
+    elif source == "parquet":
+        path = tmp_path / "events.parquet"
+        frame.write_parquet(path)
+    else:
+        path = frame.to_pandas() if source == "pandas" else frame.with_columns(
+            pl.col("user", "item").cast(pl.Categorical)
+        )  # fmt: skip
+    with pytest.raises(DataError, match=r"4 row\(s\) with a null or empty user or item id"):
+        prepare(path, tmp_path / "out" / "prepared")
+    assert_nothing_written(tmp_path / "out")
+    ds = prepare(path, tmp_path / "prepared", bad_rows={"null_id": "drop"})
+    assert ds.stats["bad_rows"]["null_id"] == 4
+    assert ds.quarantine().filter(pl.col("problem") == "null_id")["row"].to_list() == [
+        GOOD_ROWS, GOOD_ROWS + 1, GOOD_ROWS + 2, GOOD_ROWS + 3
+    ]  # fmt: skip
+    assert "" not in ds.sequences()["user_id"].to_list()
+    assert "" not in ds.vocab.item_ids()

@@ -204,7 +204,7 @@ def test_null_ids_are_counted_and_quoted(tmp_path):
     message = prepare_fails(tmp_path, path)
     # a row with both ids null is one bad row
     assert problem_lines(message, str(path)) == [
-        "3 row(s) with a null user or item id (columns 'user_id' / 'item_id') [null_id] "
+        "3 row(s) with a null or empty user or item id (columns 'user_id' / 'item_id') [null_id] "
         f"(row 0, row 1, row 2); {NULL_ID_FIX}"
     ]
 
@@ -214,7 +214,7 @@ def test_examples_are_the_first_three_rows_of_a_kind(tmp_path):
     path = write(tmp_path / "in", "log.csv", HEADER + body)
     message = prepare_fails(tmp_path, path)
     assert problem_lines(message, str(path)) == [
-        "4 row(s) with a null user or item id (columns 'user_id' / 'item_id') [null_id] "
+        "4 row(s) with a null or empty user or item id (columns 'user_id' / 'item_id') [null_id] "
         f"(row 1, row 3, row 5); {NULL_ID_FIX}"
     ]
 
@@ -228,8 +228,8 @@ def test_null_ids_message_names_the_users_column(tmp_path):
     )
     message = prepare_fails(tmp_path, frame, schema=schema)
     assert problem_lines(message, "<in-memory polars frame>") == [
-        "1 row(s) with a null user or item id (columns 'visitor' / 'sku') [null_id] (row 0); "
-        + NULL_ID_FIX
+        "1 row(s) with a null or empty user or item id (columns 'visitor' / 'sku') [null_id] "
+        "(row 0); " + NULL_ID_FIX
     ]
 
 
@@ -256,7 +256,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     message = prepare_fails(tmp_path, path)
     # one line per kind, in the documented order, each with its fix
     assert problem_lines(message, str(path)) == [
-        "1 row(s) with a null user or item id (columns 'user_id' / 'item_id') [null_id] "
+        "1 row(s) with a null or empty user or item id (columns 'user_id' / 'item_id') [null_id] "
         f"(row 0); {NULL_ID_FIX}",
         "1 row(s) whose timestamp (column 'timestamp') could not be parsed [bad_timestamp] "
         f"(row 1: 'garbage'); {TIMESTAMP_FIX}",
@@ -419,7 +419,7 @@ def test_fixed_utc_offsets_in_parquet_and_arrow_backed_pandas_are_utc_instants(t
 
 def test_a_blank_line_is_called_one_in_the_null_id_message(tmp_path):
     path = write(tmp_path / "in", "log.csv", HEADER + "1,2,10,view\n,,,\n1,3,11,view\n\n")
-    message = prepare_fails(tmp_path, path, match="null user or item id")
+    message = prepare_fails(tmp_path, path, match="null or empty user or item id")
     assert "row 1 (every mapped column empty: a blank line?)" in message
 
 
@@ -828,8 +828,8 @@ def test_pandas_nan_ids_are_null_ids(tmp_path):
     )
     message = prepare_fails(tmp_path, frame)
     assert problem_lines(message, "<in-memory pandas frame>") == [
-        "1 row(s) with a null user or item id (columns 'user_id' / 'item_id') [null_id] (row 1); "
-        + NULL_ID_FIX
+        "1 row(s) with a null or empty user or item id (columns 'user_id' / 'item_id') "
+        "[null_id] (row 1); " + NULL_ID_FIX
     ]
 
 
