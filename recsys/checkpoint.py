@@ -175,11 +175,12 @@ def load_checkpoint(
         ) from err
 
 
-def check_finite_weights(state_dict: dict, path: Path) -> None:
+def check_finite_weights(state_dict: dict, path: Path | str) -> None:
     """Refuse weights that are not numbers (NaN or inf: a training that diverged, or a file
     damaged since): every score they reach would be NaN, which ranks first in a top-K, so
     scoring would write arbitrary recommendations and evaluation report a model that misses
-    every target, neither saying why."""
+    every target, neither saying why. ``path`` names the checkpoint (or the module) in the
+    message."""
     bad = [
         name
         for name, weight in state_dict.items()

@@ -86,7 +86,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from recsys.checkpoint import LoadedModel, encoder_target, unreadable
+from recsys.checkpoint import LoadedModel, check_finite_weights, encoder_target, unreadable
 from recsys.data.sequences import BUCKET_RULE
 from recsys.model.transition import TransitionPrior
 from recsys.schema import NUM_RESERVED, PAD_IDX
@@ -269,6 +269,8 @@ def export_model(
             f"model is a {type(model).__name__}: pass a LoadedModel (recsys.checkpoint."
             f"load_checkpoint) or an encoder nn.Module"
         )
+    if loaded is None:  # (a loaded checkpoint's weights were checked as it loaded)
+        check_finite_weights(source.state_dict(), f"the {type(source).__name__} encoder")
     config = getattr(source, "config", None)
     config = dict(config) if isinstance(config, dict) else {}
     max_seq_len = loaded.max_seq_len if loaded is not None else config.get("max_seq_len")

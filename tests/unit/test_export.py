@@ -620,3 +620,16 @@ def test_a_checkpoint_with_weights_that_are_not_numbers_is_refused(tmp_path, val
         load_checkpoint(path)
     assert str(path) in str(info.value) and f"({name})" in str(info.value)
     assert "training.optimizer.lr" in str(info.value)
+
+
+def test_a_bare_encoder_with_weights_that_are_not_numbers_is_not_exported(tmp_path):
+    """export_model(<encoder>) from a notebook (no checkpoint, so no load-time check) wrote a
+    model whose every score was NaN; it is refused as a checkpoint would be, naming the
+    module and the tensor, and nothing is written."""
+    encoder = make_encoder("atrank")
+    weight = next(w for k, w in encoder.state_dict().items() if "item_embedding" in k)
+    with torch.no_grad():
+        weight[5] = math.nan
+    with pytest.raises(ValueError, match=r"the ATRank encoder holds weights that are not finite"):
+        export_model(encoder, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
