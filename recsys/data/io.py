@@ -12,7 +12,7 @@ import glob
 import gzip
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -526,10 +526,6 @@ def _as_lazy(
                 # NotImplementedError on it: cast in Arrow
                 text = pa.array(source[column].array).cast(pa.large_string())
                 source[column] = pd.arrays.ArrowExtensionArray(text)  # by position
-            elif columns[column] and _integral_floats(source[column]):
-                # an int id column that pandas made float to hold a NaN (one missing id): the
-                # ids as integers again, so that vocabularies and outputs do not read 1041569.0
-                source[column] = source[column].astype("Int64")
             elif pd.api.types.is_object_dtype(dtype) and _unsigned_64(source[column]):
                 # Python ints past int64 (UInt64 ids from a database driver or JSON): polars'
                 # conversion of an object column overflows on them
@@ -589,13 +585,23 @@ def _unsigned_64(values: pd.Series) -> bool:
     )
 
 
-def _integral_floats(values: pd.Series) -> bool:
-    """A float column (numpy's or pandas' nullable) whose values are all whole numbers that
-    int64 holds exactly, nulls aside."""
-    if not pd.api.types.is_float_dtype(values.dtype):
-        return False
-    known = values.dropna().to_numpy(dtype=np.float64)
-    return bool(np.all(np.isfinite(known) & (np.abs(known) < 2.0**53) & (known == np.floor(known))))
+def whole_number_ids(lf: pl.LazyFrame, columns: Iterable[str]) -> pl.LazyFrame:
+    """``lf`` with each floating-point id column among ``columns`` whose values are all whole
+    numbers that Int64 holds exactly (nulls and NaN aside) as Int64, NaN as null: an integer
+    id column that pandas made float to hold one missing id, passed as a frame or written to
+    Parquet, names the users and items that the same ids as integers do (the same vocabulary,
+    fingerprint and outputs, not ``1041569.0``). A column with a fractional id stays float."""
+    types = lf.collect_schema()
+    floats = [c for c in columns if c in types and types[c].is_float()]
+    if not floats:
+        return lf
+    ids = {c: pl.col(c) for c in floats}
+    whole = [
+        (ids[c].is_nan() | ((ids[c] == ids[c].floor()) & (ids[c].abs() < 2.0**53))).all().alias(c)
+        for c in floats
+    ]
+    found = lf.select(whole).collect(engine="streaming").row(0, named=True)
+    return lf.with_columns(ids[c].fill_nan(None).cast(pl.Int64) for c in floats if found[c])
 
 
 def _available_columns(lf: pl.LazyFrame, name: str) -> list[str]:
@@ -662,7 +668,9 @@ def scan_events(source: EventSource, schema: EventSchema) -> pl.LazyFrame:
     name = describe_source(source)
     lf = _as_lazy(source, name, _wanted(schema.columns))
     lf = select_mapped(lf, schema.columns, name=name, option="data.columns")
-    return lf.select([c for c in CANONICAL_COLUMNS if schema.has(c)])
+    return whole_number_ids(
+        lf.select([c for c in CANONICAL_COLUMNS if schema.has(c)]), (USER, ITEM)
+    )
 
 
 # the optimizations that keep read_side_by_side's scans apart (common subplans shared, the
@@ -760,7 +768,9 @@ def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFr
         columns = {**columns, ATTRIBUTES: None}
         lf = _as_lazy(source, name, _wanted(columns), option="data.items")
     check_one_side(columns, "data.item_columns", source=f"{name}: ")
-    return select_mapped(lf, columns, name=name, option="data.item_columns")
+    return whole_number_ids(
+        select_mapped(lf, columns, name=name, option="data.item_columns"), [ITEM]
+    )
 
 
 # Arrow's integer types -> pandas' nullable integer type of the same width

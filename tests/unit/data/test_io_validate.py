@@ -849,6 +849,20 @@ def test_int_ids_pandas_made_float_for_a_nan_are_ints_again(tmp_path):
     assert ds.quarantine().height == 1
     halves = frame.dropna().assign(**{ITEM: frame[ITEM].dropna() + 0.5})
     assert prepare(halves, tmp_path / "h").vocab.items.schema[ITEM] == pl.Float64
+    # the same frame written to Parquet (or as a polars frame: NaN, not null) is the same data
+    # as the frame: Int64 ids and the same fingerprint (the Parquet file's ids stayed Float64)
+    frame.to_parquet(tmp_path / "log.parquet")
+    first = pl.int_range(pl.len()) == 0
+    nan = log.with_columns(
+        pl.when(first).then(float("nan")).otherwise(pl.col(USER).cast(pl.Float64)).alias(USER),
+        pl.col(ITEM).cast(pl.Float32),
+    )
+    for i, source in enumerate([tmp_path / "log.parquet", nan]):
+        other = prepare(source, tmp_path / f"o{i}", bad_rows={"null_id": "drop"})
+        assert other.events().schema[USER] == pl.Int64, source
+        assert other.vocab.items.schema[ITEM] == pl.Int64, source
+        assert other.stats["fingerprint"] == ds.stats["fingerprint"], source
+        assert other.quarantine().height == 1
 
 
 def test_same_log_from_csv_parquet_pandas_and_polars(tmp_path, small_log):
