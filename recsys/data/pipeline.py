@@ -108,6 +108,7 @@ from recsys.data.validate import (
 )
 from recsys.data.vocab import FILES as VOCAB_FILES
 from recsys.data.vocab import ITEM_INDEX, Vocab, count_pairs
+from recsys.retrieval.output import no_space_left
 from recsys.schema import (
     ATTRIBUTES,
     CATEGORY,
@@ -607,7 +608,7 @@ def _warn_if_implausibly_old(summary: pl.DataFrame, schema: EventSchema, name: s
 def _raise_if_disk_full(err: Exception, stage: Path, name: str) -> None:
     """ENOSPC from polars (an error text) or from Python (errno) while preparing writes its
     work files or output: an ``OSError`` naming the disk, not a message blaming the log."""
-    if getattr(err, "errno", None) == errno.ENOSPC or "os error 28" in str(err):
+    if no_space_left(err):
         raise OSError(
             errno.ENOSPC,
             f"no space left on the device of {stage.parent} while preparing {name}: free "

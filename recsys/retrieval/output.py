@@ -18,6 +18,7 @@ refused even then, so overwrite never deletes what a scoring job did not write.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -45,22 +46,33 @@ def job_key(job: dict) -> str:
 TEMPORARY_FILE = re.compile(r"\..+\.[0-9a-f]{32}")
 
 
+def no_space_left(err: BaseException) -> bool:
+    """Whether ``err`` is a full disk: ENOSPC from Python (errno) or from polars (its text)."""
+    return getattr(err, "errno", None) == errno.ENOSPC or "os error 28" in str(err)
+
+
 def write_atomically(path: str | Path, write) -> None:
     """``write(tmp)`` into a temporary file beside ``path`` (``tmp``: its path as text), then
     rename it to ``path``: a reader never sees a partial file, and a failed write leaves none
-    behind.
+    behind. A full disk is an ``OSError`` (ENOSPC) naming ``path``: polars' own names no file.
 
     The temporary file is created as ``open()`` creates a file (mode 0666 less the process
     umask), not as ``tempfile.mkstemp`` does (0600, owner only), so the output can be read by
     whoever may read a file written in place (e.g. a downstream job under another account)."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"  # (TEMPORARY_FILE)
-    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     try:
+        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
         write(str(tmp))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if no_space_left(err):
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on the device of {path.parent} while writing {path.name}: "
+                "free space there, or write to a folder on a larger disk",
+            ) from err
         raise
 
 

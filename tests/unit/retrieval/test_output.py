@@ -1,5 +1,6 @@
 """The scoring job's output folder: atomic parts, resumable staging, file permissions."""
 
+import errno
 import os
 from pathlib import Path
 
@@ -43,6 +44,28 @@ def test_a_failed_write_leaves_no_file(tmp_path):
 
     with pytest.raises(RuntimeError, match="disk full"):
         write_atomically(tmp_path / "part-00000.parquet", fail)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("error", ["polars", "python"])
+def test_a_full_disk_names_the_file_and_says_so(tmp_path, error):
+    """A part written onto a full disk: polars says "File out of specification: underlying IO
+    error ... (os error 28)", naming no file; the job's error names the file and the disk, as
+    an OSError whose errno is ENOSPC, and leaves no temporary file."""
+
+    def full(tmp):
+        Path(tmp).write_text("half")
+        if error == "polars":
+            raise pl.exceptions.ComputeError(
+                "parquet: File out of specification: underlying IO error: No space left on "
+                "device (os error 28)"
+            )
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match=r"no space left on the device of .*part-00000") as caught:
+        write_atomically(tmp_path / "part-00000.parquet", full)
+    assert caught.value.errno == errno.ENOSPC
+    assert str(tmp_path) in str(caught.value)
     assert list(tmp_path.iterdir()) == []
 
 
