@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import json
 import pickle
 import zipfile
@@ -310,9 +311,22 @@ def set_transition_prior(path: str | Path, prior: TransitionPrior) -> None:
 
 def _write_prior(path: Path, checkpoint: dict, prior: dict) -> None:
     checkpoint[CHECKPOINT_KEY]["transition_prior"] = prior
-    partial = path.with_name(f".{path.name}.partial")
-    torch.save(checkpoint, partial)
-    partial.replace(path)
+    save_atomically(checkpoint, path)
+
+
+def save_atomically(obj, path: str | Path, save=None) -> None:
+    """``save(obj, file)`` (``torch.save``, ``torch.jit.save``) into ``path``, whole or not at
+    all (:func:`~recsys.retrieval.output.write_atomically`: beside it, then renamed). The bytes
+    are made in memory first and written as a plain file, so that a full disk is named as such
+    (an ``OSError``, ENOSPC, naming ``path``): torch's own writer fails there with "[enforce
+    fail at inline_container.cc] unexpected pos ..." or "file write failed"."""
+
+    def write(tmp: str) -> None:
+        buffer = io.BytesIO()
+        (save or torch.save)(obj, buffer)
+        Path(tmp).write_bytes(buffer.getbuffer())
+
+    write_atomically(path, write)
 
 
 def write_scoring_checkpoint(checkpoint: str | Path, destination: str | Path) -> Path:
@@ -326,7 +340,7 @@ def write_scoring_checkpoint(checkpoint: str | Path, destination: str | Path) ->
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     # beside it, then renamed: a job killed mid-write leaves the earlier file, never a cut one
-    write_atomically(destination, lambda tmp: torch.save(slim, tmp))
+    save_atomically(slim, destination)
     return destination
 
 

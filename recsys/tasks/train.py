@@ -62,6 +62,7 @@ from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
 from recsys.tracking import Tracker, check_registry, flatten, load_model, use_tracker
 from recsys.training.callbacks import (
+    AtomicCheckpointIO,
     CheckMonitors,
     EpochLog,
     MovedRunFolder,
@@ -1409,6 +1410,7 @@ def _run(
             trainer = instantiate(
                 cfg.trainer,
                 logger=tracker.lightning_logger() or False,
+                plugins=[AtomicCheckpointIO()],
                 callbacks=[
                     *callbacks.values(),
                     EpochLog(callbacks.get("model_checkpoint")),

@@ -13,7 +13,9 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import EarlyStopping, EMAWeightAveraging, ModelCheckpoint
+from pytorch_lightning.plugins.io import TorchCheckpointIO
 
+from recsys.checkpoint import save_atomically
 from recsys.training.metrics import MeanAccumulator
 
 log = logging.getLogger(__name__)
@@ -354,3 +356,20 @@ class BiasCorrectedEMA(EMAWeightAveraging):
             )
         super().__init__(decay=decay, **kwargs)
         self._kwargs["avg_fn"] = bias_corrected_ema(float(decay))
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, writing each checkpoint beside its path and renaming it
+    (:func:`recsys.checkpoint.save_atomically`). Lightning's own writes it into the system's
+    temporary folder and moves it into place: where the two lie on different devices (``/tmp``
+    a tmpfs, the run folder on a disk), the move copies into ``best.ckpt`` or ``last.ckpt`` in
+    place, so a disk filling up (or a kill) during the copy left that checkpoint cut short and
+    the previous one gone, with an error naming only the temporary file. A full disk is now an
+    ``OSError`` (ENOSPC) naming the checkpoint, and the checkpoint there before stays whole."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError("recsys' checkpoint writer takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_atomically(checkpoint, path)

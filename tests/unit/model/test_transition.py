@@ -233,6 +233,39 @@ def test_a_checkpoint_without_a_prior_cannot_be_given_a_weight(tmp_path) -> None
         set_transition_prior_weight(path, 1.0)
 
 
+def test_a_prior_weight_written_onto_a_full_disk_leaves_the_checkpoint_whole(
+    tmp_path, monkeypatch
+) -> None:
+    """training.transition_prior=auto rewrites best.ckpt with the chosen weight. On a full
+    disk torch fails with "[enforce fail at inline_container.cc] unexpected pos ...", and the
+    rewrite left a cut .best.ckpt.partial beside the checkpoint; now the error names the file
+    and the full disk, and nothing is left but the checkpoint as it was."""
+    import errno
+    from pathlib import Path
+
+    from recsys.checkpoint import set_transition_prior_weight
+
+    path = tmp_path / "best.ckpt"
+    torch.save({"recsys": {"transition_prior": {"weight": 0.0}}, "state_dict": {}}, path)
+    before = path.read_bytes()
+    save = torch.save
+
+    def cut_short(obj, target):  # half the file reaches the disk, then the disk is full
+        if isinstance(target, (str, Path)):
+            Path(target).write_bytes(before[: len(before) // 2])
+        else:
+            target.write(before[: len(before) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", cut_short)
+    with pytest.raises(OSError, match=r"no space left on the device of .* best\.ckpt") as info:
+        set_transition_prior_weight(path, 1.0)
+    assert info.value.errno == errno.ENOSPC and str(tmp_path) in str(info.value)
+    monkeypatch.setattr(torch, "save", save)
+    assert [p.name for p in tmp_path.iterdir()] == ["best.ckpt"]
+    assert path.read_bytes() == before
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_with_prior_is_exact_on_random_catalogues_rules_and_depths(seed) -> None:
     """Random transitions, prior shapes (window, recent items, decay), blocked items,

@@ -139,3 +139,57 @@ def test_epoch_log_gives_each_epoch_once_and_why_training_ended_early(caplog):
         .getMessage()
         .startswith("training stopped after 6 of trainer.max_epochs=10 epochs")
     )
+
+
+def test_a_checkpoint_cut_by_a_full_disk_leaves_the_one_before(make_config, monkeypatch):
+    """Lightning wrote each checkpoint into the system's temporary folder and moved it into
+    the run folder: where they lie on two devices (/tmp a tmpfs), the move copies into
+    last.ckpt in place, so a disk that filled up during the copy left last.ckpt cut short,
+    epoch 1's gone, and an error naming the temporary file. Either way the bytes reach the
+    checkpoints folder (a move across devices, or a file written there), epoch 2's write of
+    last.ckpt fails halfway here: the error names last.ckpt and the full disk, and epoch 1's
+    last.ckpt is left whole, with no file of the failed write beside it."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    from recsys.tasks import train
+
+    cfg = make_config("config", ["experiment=tiny", "logger=none", "trainer.max_epochs=2"])
+    folder = Path(cfg.paths.run_dir) / "checkpoints"
+    writes = {"last": 0}
+
+    def disk_full(target: Path, data: bytes) -> bool:
+        """Whether this write into the checkpoints folder is the one that fills the disk
+        (epoch 2's of last.ckpt), after writing half of it."""
+        if target.parent != folder or "last.ckpt" not in target.name:
+            return False
+        writes["last"] += 1
+        if writes["last"] < 2:
+            return False
+        with open(target, "wb") as f:
+            f.write(data[: len(data) // 2])
+        return True
+
+    move = shutil.move
+
+    def move_across_devices(src, dst):  # what shutil.move does from another device
+        if disk_full(Path(dst), Path(src).read_bytes()):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return move(src, dst)
+
+    write_bytes = Path.write_bytes
+
+    def write_onto_the_disk(self, data):
+        if disk_full(self, bytes(data)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_bytes(self, data)
+
+    monkeypatch.setattr(shutil, "move", move_across_devices)
+    monkeypatch.setattr(Path, "write_bytes", write_onto_the_disk)
+    with pytest.raises(OSError, match=r"no space left on the device of .*last\.ckpt") as info:
+        train.run(cfg)
+    assert info.value.errno == errno.ENOSPC
+    assert str(folder) in str(info.value)
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == ["best.ckpt", "last.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["epoch"] == 0  # epoch 1's, whole
