@@ -86,7 +86,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from recsys.checkpoint import LoadedModel, check_finite_weights, encoder_target, unreadable
+from recsys.checkpoint import (
+    LoadedModel,
+    check_finite_weights,
+    encoder_target,
+    save_atomically,
+    unreadable,
+)
 from recsys.data.sequences import BUCKET_RULE
 from recsys.model.transition import TransitionPrior
 from recsys.schema import NUM_RESERVED, PAD_IDX
@@ -313,8 +319,9 @@ def export_model(
     tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
-        torch.jit.save(user_encoder, str(tmp / ENCODER_FILE))
-        torch.save(table, tmp / ITEM_TABLE_FILE)
+        # (bytes made in memory: a full disk is named as such, not as torch's "unexpected pos")
+        save_atomically(user_encoder, tmp / ENCODER_FILE, torch.jit.save)
+        save_atomically(table, tmp / ITEM_TABLE_FILE)
         _write_json(tmp / METADATA_FILE, metadata)
         if loaded is not None:
             _write_json(tmp / VOCAB_FILE, _vocab_plain(loaded))

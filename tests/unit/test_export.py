@@ -252,6 +252,34 @@ def test_refuses_non_empty_folder_unless_overwrite(tmp_path):
         export_model(encoder, a_file, overwrite=True)
 
 
+def test_an_export_onto_a_full_disk_names_the_file_and_keeps_the_earlier_export(
+    tmp_path, monkeypatch
+):
+    """torch's writer fails on a full disk with "[enforce fail at inline_container.cc]
+    unexpected pos ...", which says nothing of the disk: the export's error names the file,
+    its folder and the full disk, and the earlier export stays as it was."""
+    encoder = make_encoder("sasrec")
+    folder = tmp_path / "export"
+    export_model(encoder, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    save = torch.save
+
+    def full(obj, target):  # the item table: half of it reaches the disk, then it is full
+        if isinstance(target, (str, Path)):
+            Path(target).write_bytes(b"half")
+        else:
+            target.write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match=r"no space left on the device of .* item_table\.pt") as info:
+        export_model(encoder, folder, overwrite=True)
+    monkeypatch.setattr(torch, "save", save)
+    assert info.value.errno == errno.ENOSPC and str(tmp_path) in str(info.value)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no temporary folder left
+
+
 def write_checkpoint(encoder: torch.nn.Module, config: dict, path: Path) -> Path:
     vocab = Vocab.from_plain(
         {
