@@ -98,13 +98,23 @@ def check_output_path(path: str | Path) -> Path:
     (no ``_manifest.json``: a run folder, a file, another job's data), which no scoring job
     writes into or replaces, even with ``retrieval.output.overwrite=true``. Needs no model, so
     the main job checks it before it trains. Returns the absolute path. A path under a file
-    (``results.csv/recs``), where its folder could never be made, is refused too."""
+    (``results.csv/recs``), where its folder could never be made, is refused too, and so is
+    one whose folder cannot be written."""
     path = Path(path).expanduser().absolute()
     above = next(p for p in path.parents if p.exists())
     if not above.is_dir():
         raise NotADirectoryError(
             f"retrieval.output.path={path} lies under {above}, which is a file, not a folder: "
             "no folder can be made there; choose another retrieval.output.path"
+        )
+    # the output, its staging folder and its lock are made in the folder above it: a read-only
+    # one (a mount, or permissions) failed only when the first part was written
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise PermissionError(
+            errno.EACCES,
+            f"retrieval.output.path={path}: {above} cannot be written (a read-only mount, or "
+            "its permissions), so the recommendations could not be saved there; choose a "
+            "writable retrieval.output.path",
         )
     # an empty folder (made ahead for the job) holds nothing to lose: written into as if absent
     if path.exists() and not _is_empty_folder(path) and PartitionedOutput._key_of(path) is None:

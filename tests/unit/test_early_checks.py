@@ -369,6 +369,27 @@ def test_the_main_job_checks_its_scoring_settings_before_it_trains(
         main.run(make_config("config", ["experiment=tiny", "logger=none", *overrides]))
 
 
+def test_the_main_job_refuses_a_read_only_output_folder_before_it_trains(
+    make_config, monkeypatch, tmp_path
+):
+    """A retrieval.output.path on a read-only mount was found out when scoring, after the
+    training (hours of it), as "[Errno 30] Read-only file system: '<folder>/.recs.lock'"; it
+    is refused before the data is prepared, naming the folder and the setting. (Root writes
+    through permission bits, so os.access stands in for a read-only mount here.)"""
+    import os
+
+    read_only = tmp_path / "shared"
+    read_only.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and Path(p) != read_only)
+    monkeypatch.setattr(prepare, "run", lambda *a, **k: pytest.fail("prepared first"))
+    cfg = make_config(
+        "config", ["experiment=tiny", "logger=none", f"retrieval.output.path={read_only}/recs"]
+    )
+    with pytest.raises(PermissionError, match=rf"retrieval.output.path={read_only}/recs: "):
+        main.run(cfg)
+
+
 def test_a_reused_prepared_folder_must_come_from_the_configured_source(
     make_config, tmp_path, monkeypatch
 ):
