@@ -30,6 +30,7 @@ from torch.utils.data import (
 from recsys.data.batch import SeqBatch
 from recsys.data.sequences import BEHAVIORS, ITEMS, TIMES, TimeBuckets
 from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET
+from recsys.data.vocab import damaged, unreadable_parquet
 from recsys.schema import USER
 
 
@@ -80,8 +81,21 @@ class SequenceStore:
         jemalloc) keeps the memory the Parquet reader decoded into after the table is freed,
         for Arrow's own reuse, which training and evaluation (NumPy, torch) never make: it is
         handed back once the flat arrays are built (on a 10 M-event log 0.29 GiB of the
-        0.55 GiB the store held resident)."""
-        store = cls.from_table(pq.read_table(path))
+        0.55 GiB the store held resident). A file cut short or replaced is named with the fix
+        (:func:`recsys.data.vocab.damaged`)."""
+        path = Path(path)
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as err:  # cut short, another file, or missing
+            raise damaged(path, unreadable_parquet(err)) from err
+        absent = [
+            c
+            for c in (USER, ITEMS, BEHAVIORS, TIMES, TRAIN_END, VAL_TARGET, TEST_TARGET)
+            if c not in table.schema.names
+        ]
+        if absent:
+            raise damaged(path, f"lacks the column(s) {absent} of a prepared sequences file")
+        store = cls.from_table(table)
         pa.default_memory_pool().release_unused()
         return store
 

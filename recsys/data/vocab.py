@@ -433,14 +433,26 @@ def _read_vocab_file(path: Path, name: str) -> pl.DataFrame:
     try:
         frame = pl.read_parquet(path)
     except (pl.exceptions.PolarsError, OSError) as err:
-        first = next((line for line in str(err).splitlines() if line.strip()), "")
-        problem = f"cannot be read as Parquet ({type(err).__name__}: {first.strip()[:200]})"
+        problem = unreadable_parquet(err)
     else:
         absent = [column for column in _COLUMNS[name] if column not in frame.columns]
         if not absent:
             return frame
         problem = f"lacks the column(s) {absent} of the {name} vocabulary"
-    raise DataError(
+    raise damaged(path, problem)
+
+
+def unreadable_parquet(err: Exception) -> str:
+    """Why a prepared folder's Parquet file could not be read, in one line (polars' and
+    pyarrow's messages run over several and name no file)."""
+    first = next((line for line in str(err).splitlines() if line.strip()), "")
+    return f"cannot be read as Parquet ({type(err).__name__}: {first.strip()[:200]})"
+
+
+def damaged(path: Path, problem: str) -> DataError:
+    """The error for a file of a prepared folder that is cut short or replaced (``problem``
+    says how), with the command that prepares the folder again."""
+    return DataError(
         f"{path} {problem}: the prepared folder is damaged; prepare the log again into it "
         f"(python -m pipelines.prepare data.prepared_dir={path.parent})"
     )

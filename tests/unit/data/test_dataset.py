@@ -597,3 +597,23 @@ def test_train_prefix_partners_share_the_target_and_are_drawn_uniformly():
     first = paired.partner_of(every)
     torch.manual_seed(1)
     np.testing.assert_array_equal(first, paired.partner_of(every))
+
+
+@pytest.mark.parametrize("damage", ["cut", "another table"])
+def test_a_damaged_sequences_file_is_named_with_the_fix(tmp_path, damage):
+    """A prepared folder's sequences.parquet cut short (a full disk, a copy that did not
+    finish) failed training and evaluation with pyarrow's bare "ArrowInvalid: ... Parquet
+    magic bytes not found in footer", and another table in its place with a KeyError: both
+    are named with the fix, as a damaged vocabulary file is."""
+    from recsys.data.io import DataError
+
+    path = tmp_path / "sequences.parquet"
+    sequences_frame().write_parquet(path)
+    if damage == "cut":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        pl.DataFrame({"user_id": ["u1"]}).write_parquet(path)
+    with pytest.raises(DataError, match="prepare the log again") as info:
+        SequenceStore.from_parquet(path)
+    assert str(path) in str(info.value)
+    assert f"pipelines.prepare data.prepared_dir={tmp_path}" in str(info.value)
