@@ -474,6 +474,11 @@ def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.
             ) from err
         # polars names no line, and suggests its own options: the line and its fix instead
         raise DataError(f"{path} could not be read as CSV: {_first_bad_line(path) or err}") from err
+    except OSError as err:  # a .csv.gz cut short: polars' bare "unexpected end of file"
+        raise DataError(
+            f"{path} could not be read ({err}): the file is damaged or cut short (a download or "
+            "copy that did not finish): export or copy it again"
+        ) from err
     typed = [
         as_int[c] if found[f"int:{c}"] else as_uint[c] if found.get(f"uint:{c}") else as_float[c]
         for c in present

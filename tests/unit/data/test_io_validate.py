@@ -954,6 +954,17 @@ def test_semicolon_tab_and_gzip_csv_read_like_a_plain_csv(
     assert_frame_equal(load_events(path.parent, EventSchema()), reference)  # in a folder too
 
 
+def test_a_gzip_csv_cut_short_is_named_with_the_fix(tmp_path, small_log):
+    """A .csv.gz whose download or copy did not finish failed with a bare "OSError: unexpected
+    end of file", naming no file."""
+    path = tmp_path / "in" / "log.csv.gz"
+    path.parent.mkdir()
+    whole = gzip.compress(small_log.write_csv().encode())
+    path.write_bytes(whole[: len(whole) // 2])
+    message = prepare_fails(tmp_path, path, match="damaged or cut short")
+    assert str(path) in message and "export or copy it again" in message
+
+
 def test_spark_output_folder_and_glob_leave_out_hidden_files(tmp_path, small_log):
     """A Spark write: part files, _SUCCESS, .crc files; an unfinished attempt's _temporary/
     parts and hidden files are not the log's rows (read, they would be extra events)."""
