@@ -309,7 +309,10 @@ def _scan_file(
                 fix = {b"PAR1": "rename it to .parquet", b"\x1f\x8b": "rename it to .csv.gz"}
                 fix = fix.get(magic, "convert it")
                 raise DataError(f"{path} is {kind}, not CSV text despite its name: {fix}")
-        return _csv_types(_scan_csv(path), columns, path)
+        lf = _scan_csv(path)
+        if suffix == ".csv" and option == "data.source.path":  # (the bad-row policy names it)
+            lf = _without_cut_field(lf, path)
+        return _csv_types(lf, columns, path)
     try:
         return _scan_parquet(path)
     except Exception as err:  # polars and pyarrow raise several error types for corrupt files
@@ -358,6 +361,35 @@ def _scan_csv(path: Path) -> pl.LazyFrame:
         return lf
     log.info("%s: the header has no comma; reading the file as %r-separated", path, separator)
     return pl.scan_csv(path, infer_schema=False, separator=separator)
+
+
+def _without_cut_field(lf: pl.LazyFrame, path: Path) -> pl.LazyFrame:
+    """A CSV whose last line has no line end was most likely cut mid-row (a download or copy
+    that did not finish, ``head -c``): the last field of that line may hold part of a value
+    (``170850`` of ``1708506391``, a valid time in 1970), so it is read as null, for the
+    bad-row policy to name, with a warning naming the file, as :mod:`recsys.data.formats`'
+    loaders do. Only the file's last byte is read for a file that ends in a line end."""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 200))
+        tail = f.read()
+    if tail.endswith(b"\n"):
+        return lf
+    try:
+        last = lf.collect_schema().names()[-1]
+    except pl.exceptions.PolarsError:
+        return lf  # no header, or unreadable: said where the columns are read
+    log.warning(
+        "%s: the last line (%r) has no line end, so it was probably cut mid-row; its last "
+        "field (column %r) is read as null (if the file is complete, append a line end: "
+        "echo >> %s)",
+        path,
+        tail.rsplit(b"\n", 1)[-1].decode("utf-8", "replace")[-80:],
+        last,
+        path,
+    )
+    # (a row index only here: a file that ends in a line end is read as it was)
+    whole = pl.int_range(pl.len()) < pl.len() - 1
+    return lf.with_columns(pl.when(whole).then(pl.col(last)).alias(last))
 
 
 def _not_utf8(path: Path) -> str:

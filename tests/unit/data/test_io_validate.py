@@ -954,6 +954,19 @@ def test_semicolon_tab_and_gzip_csv_read_like_a_plain_csv(
     assert_frame_equal(load_events(path.parent, EventSchema()), reference)  # in a folder too
 
 
+def test_a_csv_cut_mid_row_is_not_read_as_a_whole_row(tmp_path, caplog):
+    """A CSV whose copy stopped mid-row ends in a line without a line end whose last field may
+    be part of a value: "1708506391" cut to "170850" was prepared without a word as an event
+    on 2 January 1970. That field is read as null, so the bad-row policy stops on it, and a
+    warning names the file (as the public formats' loaders do)."""
+    rows = [f"{u},{i},view,{1708506391 + 60 * i}\n" for u in (1, 2) for i in range(3)]
+    text = "user_id,item_id,event_type,timestamp\n" + "".join(rows) + "3,7,view,170850"
+    path = write(tmp_path / "in", "log.csv", text)
+    message = prepare_fails(tmp_path, path, match="empty timestamp")
+    assert "row 6" in message and "line end" in message
+    assert any("no line end" in r.message and str(path) in r.message for r in caplog.records)
+
+
 def test_a_gzip_csv_cut_short_is_named_with_the_fix(tmp_path, small_log):
     """A .csv.gz whose download or copy did not finish failed with a bare "OSError: unexpected
     end of file", naming no file."""
