@@ -15,6 +15,9 @@ it is 0, as with weights that are all 0, not the NaN of an empty mean.
   ``β = α (t (1 - 1/α) + 1/α)`` with ``α = K / (I_real - 1)``, which counters the
   overconfidence that sampling negatives causes; ``t = 0`` is plain BCE.
 
+The sampled ones are listed, with what each computes, in :data:`SAMPLED_LOSSES` (a new one is a
+function and an entry there); :data:`LOSSES` adds ``full_softmax`` to them.
+
 An auxiliary loss, ``attribute_softmax``, asks the same query for the target item's attributes
 (category-path nodes, brand, ...): the mean over the item's attribute set of
 ``-log softmax(attribute scores)``, S3-Rec's idea of learning from side information, here as one
@@ -47,13 +50,13 @@ Worked example (one row, s⁺ = 2, one negative s⁻ = 0):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from recsys.schema import NUM_RESERVED
 
-LOSSES = ("full_softmax", "sampled_softmax", "bce", "gbce")
 SAMPLERS = ("uniform", "popularity")
 
 
@@ -226,6 +229,41 @@ def gbce_beta(*, num_negatives: int, num_items: int, t: float) -> float:
         )
     alpha = num_negatives / (num_items - 1)
     return alpha * (t * (1.0 - 1.0 / alpha) + 1.0 / alpha)
+
+
+def _corrected_softmax(
+    positive, negatives, *, target, negative_items, accidental, weight, log_q, beta
+) -> torch.Tensor:
+    return sampled_softmax(
+        positive,
+        negatives,
+        log_q_positive=log_q(target),
+        log_q_negatives=log_q(negative_items),
+        accidental=accidental,
+        weight=weight,
+    )
+
+
+def _binary(
+    positive, negatives, *, target, negative_items, accidental, weight, log_q, beta
+) -> torch.Tensor:
+    return bce(positive, negatives, accidental=accidental, weight=weight, beta=beta)
+
+
+# The losses over sampled negatives, by their ``training.loss`` name; ``full_softmax`` (over the
+# whole catalogue) is the other choice. This mapping is the one list of them: the module calls
+# ``SAMPLED_LOSSES[name](positive, negatives, target=, negative_items=, accidental=, weight=,
+# log_q=, beta=)`` with the target's score (M,), the negatives' scores (M, K), the target items
+# (M,), the negative items (M, K) or shared (K,), ``accidental`` (M, K) bool (a negative that
+# is the target), the behaviour weights (M,) or None, the sampler's ``log_q(items)`` and
+# gSASRec's β (1.0 but for gbce), and takes the () loss. A new sampled loss is a function here
+# and an entry in this mapping.
+SAMPLED_LOSSES: dict[str, Callable[..., torch.Tensor]] = {
+    "sampled_softmax": _corrected_softmax,
+    "bce": _binary,
+    "gbce": _binary,  # with β from gbce_beta
+}
+LOSSES = ("full_softmax", *SAMPLED_LOSSES)
 
 
 class NegativeSampler:

@@ -383,18 +383,15 @@ class SeqRecModule(pl.LightningModule):
         weight: torch.Tensor | None,
     ) -> torch.Tensor:
         """Shapes: positive (M,), negatives (M, K) scores of negative_items (M, K) or (K,)."""
-        accidental = negative_items.expand_as(negatives) == target[:, None]
-        if self.loss_name == "sampled_softmax":
-            return losses.sampled_softmax(
-                positive,
-                negatives,
-                log_q_positive=self.sampler.log_q(target),
-                log_q_negatives=self.sampler.log_q(negative_items),
-                accidental=accidental,
-                weight=weight,
-            )
-        return losses.bce(
-            positive, negatives, accidental=accidental, weight=weight, beta=self.gbce_beta
+        return losses.SAMPLED_LOSSES[self.loss_name](
+            positive,
+            negatives,
+            target=target,
+            negative_items=negative_items,
+            accidental=negative_items.expand_as(negatives) == target[:, None],
+            weight=weight,
+            log_q=self.sampler.log_q,
+            beta=self.gbce_beta,
         )
 
     def _draw_negatives(self, rows: int) -> torch.Tensor:

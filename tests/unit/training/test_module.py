@@ -147,6 +147,43 @@ def test_every_objective_and_loss_trains(kwargs):
     assert any(g.abs().sum() > 0 for g in grads)
 
 
+def test_a_sampled_loss_registered_in_losses_is_the_one_trained(monkeypatch):
+    """A loss added to ``losses.LOSSES`` without a case in the module had trained BCE in its
+    place, logged as the new loss: ``losses.SAMPLED_LOSSES`` is now both the list of names and
+    what each computes."""
+
+    def hinge(positive, negatives, *, target, negative_items, accidental, weight, log_q, beta):
+        margins = (1.0 - positive[:, None] + negatives).clamp(min=0).masked_fill(accidental, 0)
+        return losses.weighted_mean(margins.sum(dim=1), weight)
+
+    monkeypatch.setitem(losses.SAMPLED_LOSSES, "hinge", hinge)
+    monkeypatch.setattr(losses, "LOSSES", ("full_softmax", *losses.SAMPLED_LOSSES))
+    m, b = module(loss="hinge", num_negatives=3, shared_negatives=False), batch()
+    torch.manual_seed(0)
+    got = train_loss(m, b)
+    torch.manual_seed(0)  # the same negatives, scored by the loss itself
+    output = m(b)
+    trained = m._trained_positions(b)
+    hidden, target = output.hidden[trained], b.target_item[trained]
+    negative_items = m._draw_negatives(len(target))
+    positive = m.encoder.score_candidates(hidden, target[:, None])[:, 0]
+    negatives = m.encoder.score_candidates(hidden, negative_items)
+    accidental = negative_items == target[:, None]
+    want = hinge(
+        positive,
+        negatives,
+        target=target,
+        negative_items=negative_items,
+        accidental=accidental,
+        weight=None,
+        log_q=None,
+        beta=1.0,
+    )
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    bce = losses.bce(positive, negatives, accidental=accidental)
+    assert got.item() != pytest.approx(bce.item(), rel=1e-3)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
