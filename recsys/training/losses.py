@@ -57,8 +57,6 @@ import torch.nn.functional as F
 
 from recsys.schema import NUM_RESERVED
 
-SAMPLERS = ("uniform", "popularity")
-
 
 def weighted_mean(per_row: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     if weight is None:
@@ -266,36 +264,59 @@ SAMPLED_LOSSES: dict[str, Callable[..., torch.Tensor]] = {
 LOSSES = ("full_softmax", *SAMPLED_LOSSES)
 
 
+def _uniform_weights(num_items: int, counts: torch.Tensor | None) -> torch.Tensor:
+    return torch.ones(num_items, dtype=torch.float64)
+
+
+def _popularity_weights(num_items: int, counts: torch.Tensor | None) -> torch.Tensor:
+    if counts is None or counts.shape != (num_items,):
+        raise ValueError(
+            f"a popularity sampler needs the training count of each of the {num_items} "
+            "items (the item vocabulary's train_count)"
+        )
+    weights = counts.double().clamp(min=0)
+    if weights[NUM_RESERVED:].sum() <= 0:
+        raise ValueError("every training count is 0: use the uniform sampler")
+    return weights
+
+
+# The negative samplers by their name (``training.negative_sampler``,
+# ``training.sampled_metrics.sampler``): each gives the (I,) weights its draws follow from the
+# catalogue size and the items' training counts (``counts``, aligned with the item vocabulary,
+# or None); PAD and UNK get 0 whatever it says. This mapping is the one list of them: a new
+# sampler is a function here and an entry in it.
+SAMPLERS: dict[str, Callable[[int, torch.Tensor | None], torch.Tensor]] = {
+    "uniform": _uniform_weights,
+    "popularity": _popularity_weights,
+}
+
+
 class NegativeSampler:
     """Draws negative items from the real items (indices ``>= 2``: PAD and UNK never).
 
     ``kind="uniform"``: ``q(i) = 1 / (I - 2)``; ``kind="popularity"``: ``q(i) ∝`` the item's
-    training count (``counts``, aligned with the item vocabulary). ``log_q`` gives the log
-    probabilities for the logQ correction. Draws are with replacement.
+    training count (``counts``, aligned with the item vocabulary); any other kind of
+    :data:`SAMPLERS`: ``q(i) ∝`` its weights. ``log_q`` gives the log probabilities for the
+    logQ correction. Draws are with replacement.
     """
 
     def __init__(self, num_items: int, kind: str = "uniform", counts: torch.Tensor | None = None):
         if kind not in SAMPLERS:
             raise ValueError(
-                f"negative_sampler={kind!r} is not supported: choose one of {list(SAMPLERS)}"
+                f"training.negative_sampler={kind!r} is not supported: choose one of "
+                f"{list(SAMPLERS)}"
             )
         if num_items <= NUM_RESERVED:
             raise ValueError(f"num_items={num_items} leaves no real item to sample")
         self.kind = kind
         self.num_items = num_items
-        if kind == "popularity":
-            if counts is None or counts.shape != (num_items,):
-                raise ValueError(
-                    f"a popularity sampler needs the training count of each of the {num_items} "
-                    "items (the item vocabulary's train_count)"
-                )
-            probs = counts.double().clamp(min=0)
-            probs[:NUM_RESERVED] = 0
-            if probs.sum() <= 0:
-                raise ValueError("every training count is 0: use the uniform sampler")
-        else:
-            probs = torch.ones(num_items, dtype=torch.float64)
-            probs[:NUM_RESERVED] = 0
+        probs = SAMPLERS[kind](num_items, counts).double().clone()
+        probs[:NUM_RESERVED] = 0
+        if not (probs.shape == (num_items,) and probs.min() >= 0 and probs.sum() > 0):
+            raise ValueError(
+                f"the {kind!r} sampler's weights must be {num_items} numbers >= 0, not all 0 "
+                "over the real items (losses.SAMPLERS)"
+            )
         self.probs = (probs / probs.sum()).float()  # (I,)
         self._log_q = self.probs.log()  # -inf for PAD/UNK (never drawn)
 
@@ -309,7 +330,7 @@ class NegativeSampler:
         count = math.prod(shape)
         if count == 0:  # a batch with no trained position (torch.multinomial refuses 0)
             drawn = torch.zeros(0, dtype=torch.long)
-        elif self.kind == "uniform":
+        elif self.kind == "uniform":  # the same draws as multinomial's, faster
             drawn = torch.randint(NUM_RESERVED, self.num_items, (count,), generator=generator)
         else:
             drawn = torch.multinomial(self.probs, count, replacement=True, generator=generator)

@@ -188,6 +188,23 @@ def test_uniform_sampler_never_draws_pad_or_unk():
     assert sampler.log_q(torch.tensor([2, 5])).tolist() == pytest.approx([math.log(0.25)] * 2)
 
 
+def test_a_sampler_registered_in_losses_draws_by_its_own_weights(monkeypatch):
+    """A name added to ``losses.SAMPLERS`` without a case in ``NegativeSampler`` had drawn
+    uniformly under the new name: ``SAMPLERS`` now maps each name to the weights it draws by."""
+
+    def last_items(num_items, counts):
+        return (torch.arange(num_items) >= num_items - 2).double()  # the two last items only
+
+    monkeypatch.setitem(losses.SAMPLERS, "last_items", last_items)
+    sampler = losses.NegativeSampler(6, "last_items")
+    drawn = sampler.sample((1_000,), generator=torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {4, 5}
+    assert sampler.log_q(torch.tensor([3, 4])).tolist() == pytest.approx([-math.inf, math.log(0.5)])
+    monkeypatch.setitem(losses.SAMPLERS, "none", lambda num_items, counts: torch.zeros(num_items))
+    with pytest.raises(ValueError, match="'none' sampler's weights must be 6 numbers >= 0"):
+        losses.NegativeSampler(6, "none")
+
+
 def test_popularity_sampler_follows_the_counts():
     counts = torch.tensor([0, 0, 1, 3])
     sampler = losses.NegativeSampler(4, "popularity", counts)
