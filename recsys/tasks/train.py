@@ -71,7 +71,7 @@ from recsys.training.callbacks import (
     TrainingClock,
 )
 from recsys.training.evaluation import pick_device, protocol_tags, warn_of_few_targets
-from recsys.training.metrics import known_target_shares
+from recsys.training.metrics import higher_is_better, known_target_shares
 from recsys.training.module import SeqRecModule, same_target_partners
 
 log = logging.getLogger(__name__)
@@ -980,8 +980,6 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
             os.close(fd)
 
 
-# validation metrics for which higher is better (the ranking metrics, coverage, ATRank's AUC)
-HIGHER_IS_BETTER = ("hr_", "ndcg_", "mrr", "coverage_", "auc", "sampled_", "retrieval_", "segment_")
 TRAINER_SWITCHES = ("enable_progress_bar", "enable_model_summary", "enable_checkpointing")
 
 
@@ -1178,8 +1176,7 @@ def check_settings(cfg: DictConfig) -> None:
         if isinstance(callback, DictConfig) and callback.get("min_delta") is not None:
             check_number(f"callbacks.{key}.min_delta", callback.min_delta, minimum=0)
         monitor = callback.get("monitor") if isinstance(callback, DictConfig) else None
-        name = str(monitor or "").split("/")[-1]
-        if name.startswith(HIGHER_IS_BETTER) and callback.get("mode") == "min":
+        if higher_is_better(str(monitor or "")) and callback.get("mode") == "min":
             raise ValueError(
                 f"callbacks.{key}.mode=min with monitor={monitor!r}: higher is better for "
                 "that metric, so min would select (or stop at) the worst epoch; set mode=max"

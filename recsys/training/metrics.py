@@ -12,6 +12,7 @@ HR@1 = 0, HR@2 = 1, NDCG@2 = 1 / log2(3) = 0.631, MRR@2 = 0.5.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -81,6 +82,23 @@ def ranking_metrics(ranks: torch.Tensor, ks: Iterable[int]) -> dict[str, torch.T
         out[f"ndcg_at_{k}"] = torch.where(inside, 1.0 / torch.log2(ranks + 1.0), 0.0)
         out[f"mrr_at_{k}"] = torch.where(inside, 1.0 / ranks, 0.0)
     return out
+
+
+# the namespaces evaluation logs metrics under: stage 1 alone, sampled negatives, a user segment
+METRIC_PREFIXES = ("retrieval_", "sampled_", "segment_")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether ``metric`` (``val/ndcg_at_10``, ``retrieval_mrr``, ...) is one of evaluation's
+    metrics, for each of which higher is better: whatever :func:`ranking_metrics` computes (a
+    metric added there is one at once), ``coverage_at_K`` and ``auc``, alone or under
+    :data:`METRIC_PREFIXES`."""
+    name = metric.split("/")[-1]
+    while name.startswith(METRIC_PREFIXES):
+        name = name.split("_", 1)[1]
+    ranking = ranking_metrics(torch.ones(1, dtype=torch.long), (1,))
+    names = {re.sub(r"_at_\d+$", "", known) for known in [*ranking, "coverage_at_1", "auc"]}
+    return re.sub(r"_at_\d+$", "", name) in names
 
 
 def sampled_ranks(

@@ -192,6 +192,29 @@ def test_model_and_training_settings_are_refused_before_preparing(
         train.run(cfg)
 
 
+def test_a_metric_added_to_ranking_metrics_is_monitored_as_higher_is_better(
+    make_config, monkeypatch
+):
+    """The mode=min refusal read a list of metric-name prefixes of its own, in tasks/train.py,
+    which a metric added to ``ranking_metrics`` was not in: it now asks ``ranking_metrics``."""
+    from recsys.training import metrics
+
+    ranking_metrics = metrics.ranking_metrics
+
+    def with_precision(ranks, ks):
+        out = ranking_metrics(ranks, ks)
+        return {**out, **{f"precision_at_{k}": out[f"hr_at_{k}"] / k for k in ks}}
+
+    monkeypatch.setattr(metrics, "ranking_metrics", with_precision)
+    monkeypatch.setattr(prepare, "run", lambda *a, **k: pytest.fail("prepared before the check"))
+    for monitor in ("val/precision_at_10", "val/retrieval_precision_at_10"):
+        overrides = [f"callbacks.model_checkpoint.monitor={monitor}"]
+        cfg = make_config("config", ["experiment=tiny", "logger=none", *overrides])
+        cfg.callbacks.model_checkpoint.mode = "min"
+        with pytest.raises(ValueError, match=f"mode=min with monitor='{monitor}': higher is"):
+            train.run(cfg)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
