@@ -695,14 +695,17 @@ def _wanted(columns: Mapping[str, str | None]) -> dict[str, bool]:
     return wanted
 
 
-def scan_events(source: EventSource, schema: EventSchema) -> pl.LazyFrame:
+def scan_events(
+    source: EventSource, schema: EventSchema, *, name: str | None = None
+) -> pl.LazyFrame:
     """Open an event log lazily and rename its mapped columns to the canonical names.
 
     ``source`` is a path (CSV, Parquet, or a folder of either), or a pandas / polars frame.
     Raises :class:`DataError` when a file is missing, empty, of an unsupported type, or lacks a
-    mapped column; the message names the file and column and how to fix the mapping.
+    mapped column; the message names the file (``name``, e.g. the loader call that made a
+    frame: else :func:`describe_source`) and column and how to fix the mapping.
     """
-    name = describe_source(source)
+    name = name or describe_source(source)
     lf = _as_lazy(source, name, _wanted(schema.columns))
     lf = select_mapped(lf, schema.columns, name=name, option="data.columns")
     return whole_number_ids(
@@ -784,11 +787,14 @@ def check_one_side(columns: Mapping[str, object], option: str, *, source: str = 
         )
 
 
-def scan_items(source: EventSource, columns: dict[str, str | None]) -> pl.LazyFrame:
+def scan_items(
+    source: EventSource, columns: dict[str, str | None], *, name: str | None = None
+) -> pl.LazyFrame:
     """Open an item side table lazily: ``item_id`` plus ``category`` or ``attributes``.
     With ``category`` mapped, the default ``attributes: attributes`` applies only where the
-    table has that column, and is then refused with it (:func:`check_one_side`)."""
-    name = describe_source(source)
+    table has that column, and is then refused with it (:func:`check_one_side`). Messages
+    name the table as ``name`` (else :func:`describe_source`)."""
+    name = name or describe_source(source)
     if not columns.get(ITEM):
         raise DataError("data.item_columns.item_id is not set: name the item id column")
     if not (columns.get(CATEGORY) or columns.get(ATTRIBUTES)):

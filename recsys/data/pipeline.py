@@ -627,7 +627,7 @@ def _prepare(
     items_name: str | None,
 ) -> tuple[dict, Vocab]:
     clock = _Stopwatch()
-    raw = scan_events(source, schema)
+    raw = scan_events(source, schema, name=name)
     types = raw.collect_schema()
     # a single text value per row is checked among the vocabulary's few distinct keys instead
     single_text = single_text_side(types, schema.attribute_separator)
@@ -810,7 +810,12 @@ def _prepare(
     item_table = None
     if items is not None:
         item_table = read_item_table(
-            items, item_columns, schema, final.collect_schema()[ITEM], dated_by=train
+            items,
+            item_columns,
+            schema,
+            final.collect_schema()[ITEM],
+            dated_by=train,
+            name=items_name,
         )
     vocab = Vocab.fit(
         train,
@@ -987,8 +992,11 @@ def read_item_table(
     item_dtype: pl.DataType,
     *,
     dated_by: pl.LazyFrame,
+    name: str | None = None,
 ) -> pl.LazyFrame:
-    """The item side table as ``item_id`` (the event log's id type) + ``attributes`` list.
+    """The item side table as ``item_id`` (the event log's id type) + ``attributes`` list,
+    named ``name`` in messages (e.g. the loader call that made a frame; else
+    :func:`describe_source`).
 
     A time-versioned table (``item_columns.timestamp`` set: one row per value and the moment it
     took effect) gives each item its latest value at the last event of ``dated_by`` (the
@@ -996,12 +1004,12 @@ def read_item_table(
     the scored events when scoring). A null moment counts as the oldest.
     """
     columns = dict(item_columns or DEFAULT_ITEM_COLUMNS)
-    lf = scan_items(items, columns)
+    name = name or describe_source(items)
+    lf = scan_items(items, columns, name=name)
     types = lf.collect_schema()
     if (ids := canonical_ids(ITEM, types[ITEM])) is not None:  # as the log's ids are prepared
         lf = lf.with_columns(ids)
         types = lf.collect_schema()
-    name = describe_source(items)
     _check_item_table(lf, types, columns, schema, item_dtype, name)
     side = ATTRIBUTES if ATTRIBUTES in types else CATEGORY  # (as scan_items mapped them)
     separator = schema.attribute_separator if side == ATTRIBUTES else None

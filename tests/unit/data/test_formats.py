@@ -612,3 +612,27 @@ def test_yaml_needs_the_path(make_config):
     cfg = make_config("config", ["data=taobao"])
     with pytest.raises(Exception, match="path"):
         instantiate(cfg.data.source)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("data.columns.category=cat", r"^read_taobao\(.*UserBehavior.csv\) lacks column\(s\) "),
+        (
+            "data.item_columns.attributes=attrs",
+            r"^read_s3rec_attributes\(.*Beauty_item2attributes.json\) lacks column\(s\) ",
+        ),
+    ],
+)
+def test_a_mapping_a_loaders_frame_lacks_names_the_loader(make_config, tmp_path, override, named):
+    """A column mapping that a loader's frame (a conf/data/<format>.yaml's source or items)
+    does not fit named '<in-memory polars frame>', where the bad-row messages and stats.json
+    name the loader call."""
+    from recsys.tasks import prepare
+
+    name = "taobao" if override.startswith("data.columns") else "amazon_s3rec"
+    files = _tiny_files(tmp_path)[name]
+    write(tmp_path / "Beauty.txt", "1 4 83 4 83\n2 83 4 83 4\n")  # users the k-core keeps
+    cfg = make_config("config", [f"data={name}", *files, override])
+    with pytest.raises(DataError, match=named):
+        prepare.run(cfg)
