@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import SHARED_DATA
+from conftest import CONF_DIR, SHARED_DATA
 from hydra.utils import instantiate
 from polars.testing import assert_frame_equal
 
@@ -584,11 +584,19 @@ def _tiny_files(tmp_path: Path) -> dict[str, list[str]]:
     }
 
 
-@pytest.mark.parametrize(
-    "name", ["taobao", "amazon_s3rec", "movielens", "movielens_sasrec", "retailrocket"]
+# every conf/data/<format>.yaml but the options base, the generator and a file of your own
+FORMATS = sorted(
+    path.stem
+    for path in (Path(CONF_DIR) / "data").glob("*.yaml")
+    if path.stem not in ("base", "synthetic", "events_file")
 )
+
+
+@pytest.mark.parametrize("name", FORMATS)
 def test_yaml_composes_and_instantiates(make_config, tmp_path, name):
-    cfg = make_config("config", [f"data={name}", *_tiny_files(tmp_path)[name]])
+    files = _tiny_files(tmp_path)
+    assert name in files, f"conf/data/{name}.yaml: add a tiny file of its format to _tiny_files"
+    cfg = make_config("config", [f"data={name}", *files[name]])
     data = cfg.data
     assert data.name == name
     events = instantiate(data.source)
