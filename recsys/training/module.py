@@ -170,7 +170,8 @@ class SeqRecModule(pl.LightningModule):
         if objective == "target_attention" and loss == "full_softmax":
             raise ValueError(
                 "training.objective=target_attention scores candidates one by one, so it needs "
-                "a sampled loss: training.loss=bce (ATRank), gbce or sampled_softmax"
+                f"a sampled loss: set training.loss to one of {list(losses.SAMPLED_LOSSES)} "
+                "(ATRank's is bce)"
             )
         if (
             isinstance(rerank_top_n, bool)

@@ -182,6 +182,11 @@ def test_a_sampled_loss_registered_in_losses_is_the_one_trained(monkeypatch):
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
     bce = losses.bce(positive, negatives, accidental=accidental)
     assert got.item() != pytest.approx(bce.item(), rel=1e-3)
+    # and the objective that needs a sampled loss offers it
+    with pytest.raises(
+        ValueError, match=r"set training.loss to one of \[.*'hinge'\] \(ATRank's is bce\)"
+    ):
+        module(loss="full_softmax", objective="target_attention")
 
 
 @pytest.mark.parametrize(
