@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
+from hydra.errors import InstantiationException
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig
 
 from recsys.config import check_required, event_schema, item_columns, prepare_settings
@@ -19,10 +21,35 @@ log = logging.getLogger(__name__)
 
 
 def _source(value, option: str):
-    """A config value naming data: a path, or a ``_target_`` that returns a frame."""
+    """A config value naming data: a path, or a ``_target_`` that returns a frame. A loader
+    argument its function does not take (the synthetic log's sizes, which ``experiment=tiny``
+    sets, under another loader) is refused naming the keys to drop."""
     if value is None:
         raise ValueError(f"{option} is not set: give a CSV/Parquet path ({option}=...)")
-    return instantiate(value) if isinstance(value, DictConfig) else str(value)
+    if not isinstance(value, DictConfig):
+        return str(value)
+    try:
+        return instantiate(value)
+    except InstantiationException as err:
+        cause = err.__cause__
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
+        if not (isinstance(cause, TypeError) and unknown and unknown[1] in value):
+            raise
+        names = [unknown[1]]
+        try:  # every argument the loader lacks, not only the first
+            parameters = inspect.signature(get_method(value._target_)).parameters
+        except (TypeError, ValueError, ImportError):  # (a signature Python cannot read)
+            parameters = {}
+        if parameters and all(p.kind is not p.VAR_KEYWORD for p in parameters.values()):
+            names = [k for k in value if not k.startswith("_") and k not in parameters]
+        one = len(names) == 1
+        raise ValueError(
+            f"{', '.join(f'{option}.{k}' for k in names)}: "
+            f"{'not an argument' if one else 'not arguments'} of {value._target_} (an "
+            f"experiment= overlay may have set {'it' if one else 'them'}: experiment=tiny sizes "
+            f"the synthetic log of data=synthetic); drop {'it' if one else 'them'} with "
+            f"{' '.join(f'~{option}.{k}' for k in names)}, or check the spelling"
+        ) from cause
 
 
 def event_source(cfg: DictConfig):

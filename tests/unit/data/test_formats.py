@@ -644,3 +644,25 @@ def test_a_mapping_a_loaders_frame_lacks_names_the_loader(make_config, tmp_path,
     cfg = make_config("config", [f"data={name}", *files, override])
     with pytest.raises(DataError, match=named):
         prepare.run(cfg)
+
+
+def test_a_loader_argument_it_lacks_is_named_with_the_override_that_drops_it(make_config, tmp_path):
+    """experiment=tiny (the README's smoke run) with a loader's format stopped with Hydra's
+    "read_taobao() got an unexpected keyword argument 'num_users'", naming neither the overlay
+    that set it nor how to drop it (nor the other two sizes behind it)."""
+    from recsys.tasks import prepare
+
+    files = _tiny_files(tmp_path)["taobao"]
+    cfg = make_config("config", ["data=taobao", *files, "experiment=tiny"])
+    with pytest.raises(
+        ValueError,
+        match=r"^data.source.num_users, data.source.num_items, data.source.num_categories: not "
+        r"arguments of recsys.data.formats.read_taobao \(an experiment= overlay .*\); drop them "
+        r"with ~data.source.num_users ~data.source.num_items ~data.source.num_categories, ",
+    ):
+        prepare.run(cfg)
+    cfg = make_config("config", ["data=taobao", *files, "+data.source.sep=x"])
+    with pytest.raises(
+        ValueError, match=r"^data.source.sep: not an argument of .* ~data.source.sep"
+    ):
+        prepare.run(cfg)
