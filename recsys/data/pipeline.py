@@ -207,16 +207,18 @@ def load_events(
     *,
     bad_rows: BadRowPolicy | None = None,
     as_of: datetime | None = None,
+    name: str | None = None,
 ) -> pl.DataFrame:
     """Read, type and check a (small enough) event log in memory with the same rules as
     :func:`prepare_dataset`: ``error`` kinds raise :class:`DataError`; ``drop`` kinds are
     removed and counted in a warning. The repeats of an identical event (``duplicate``, found
     among the good rows as preparation finds them) are refused or counted by that policy, but
     kept: callers dedupe (so the log's fingerprint is the one its rows give). Columns:
-    ``user_id, item_id, timestamp, event_type, attributes`` (+ ``session_id``)."""
+    ``user_id, item_id, timestamp, event_type, attributes`` (+ ``session_id``). Messages name
+    the log ``name`` (e.g. the loader call that made a frame; else :func:`describe_source`)."""
     policy = bad_rows or BadRowPolicy()
-    name = describe_source(source)
-    lf = scan_events(source, schema).with_row_index(ROW)
+    name = name or describe_source(source)
+    lf = scan_events(source, schema, name=name).with_row_index(ROW)
     if checks := separator_inside(lf.collect_schema(), schema.attribute_separator):
         found = _collect(lf.select(checks), name).row(0, named=True)
         refuse_separator_inside(found, _side_option(schema), name)

@@ -44,7 +44,7 @@ from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
 from recsys.retrieval.rules import Rules
 from recsys.retrieval.summary import plot, summarize
 from recsys.schema import ATTRIBUTES, ITEM, SESSION, TIMESTAMP, EventSchema
-from recsys.tasks.prepare import _source_name, event_source, item_source
+from recsys.tasks.prepare import _source_name, describe, event_source, item_source
 from recsys.tasks.train import log_config_params
 from recsys.tracking import Tracker, load_model, use_tracker
 from recsys.training.evaluation import pick_device
@@ -307,6 +307,7 @@ class _Job:
         clock=None,
         items=None,
         item_columns=None,
+        items_name=None,
     ) -> _Job:
         """Every check runs before anything is written: columns, settings, bad rows (with
         ``bad_rows``; ``clock`` is the "now" future timestamps are judged by), vocabulary.
@@ -318,7 +319,7 @@ class _Job:
         as_of = check_as_of(as_of, timed=schema.has(TIMESTAMP))
         if clock is None and as_of is not None:  # an event up to the scoring time is no
             clock = max(datetime.now(UTC), as_of)  # future_timestamp (data.as_of unset)
-        events = load_events(source, schema, bad_rows=bad_rows, as_of=clock)
+        events = load_events(source, schema, bad_rows=bad_rows, as_of=clock, name=source_name)
         check_vocabulary(model, events, source_name)
         item_table = None
         if items is not None:  # a dated table: each item's value at the last scored event
@@ -326,7 +327,7 @@ class _Job:
             if as_of is not None:
                 scored = scored.filter(pl.col(TIMESTAMP) <= as_of)
             item_table = read_item_table(
-                items, item_columns, schema, events.schema[ITEM], dated_by=scored
+                items, item_columns, schema, events.schema[ITEM], dated_by=scored, name=items_name
             ).collect()
         data = ScoringData.build(
             model,
@@ -419,11 +420,12 @@ def run(
         event_schema(cfg.data),
         retrieval,
         as_of=retrieval.get("as_of"),
-        source_name=str(cfg.data.source),
+        source_name=_source_name(cfg.data.source),  # a loader's call, or the path
         bad_rows=prepare.bad_rows,
         clock=prepare.as_of,
         items=item_source(cfg),
         item_columns=item_columns(cfg.data),
+        items_name=describe(cfg.data.get("items")),
     )
     data, options, rules, as_of = job.data, job.options, job.rules, job.as_of
     fingerprint = events_fingerprint(job.events)

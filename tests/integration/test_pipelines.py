@@ -211,6 +211,28 @@ def test_score_by_checkpoint_run_id_and_registered_alias_agree(main_run, make_co
         score.run(missing)
 
 
+def test_a_scored_loaders_frame_is_named_by_its_call_in_scoring_errors(
+    main_run, make_config, tmp_path
+):
+    """A scoring job whose data.source is a loader (a conf/data/<format>.yaml, the synthetic
+    log) names it by its call, as preparation does, where it said '<in-memory polars frame>'
+    of a column mapping the frame lacks (and its config's dict text elsewhere)."""
+    _, result = main_run
+    cfg = make_config(
+        "score",
+        [
+            f"model_ref={result.checkpoint}",
+            *TINY_DATA,
+            "data.columns.user_id=customer",
+            "logger=none",
+            f"retrieval.output.path={tmp_path}/recs",
+        ],
+    )
+    with pytest.raises(DataError, match=r"^generate_events\(num_users=150, .*\) lacks column"):
+        score.run(cfg)
+    assert not (tmp_path / "recs").exists()
+
+
 def test_jobs_given_an_mlflow_model_leave_no_copy_of_it_behind(
     main_run, make_config, tmp_path, monkeypatch
 ):
