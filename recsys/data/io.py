@@ -368,7 +368,7 @@ def _without_cut_field(lf: pl.LazyFrame, path: Path) -> pl.LazyFrame:
     that did not finish, ``head -c``): the last field of that line may hold part of a value
     (``170850`` of ``1708506391``, a valid time in 1970), so it is read as null, for the
     bad-row policy to name, with a warning naming the file, as :mod:`recsys.data.formats`'
-    loaders do. Only the file's last byte is read for a file that ends in a line end."""
+    loaders do. A file that ends in a line end is read as it is (only its last bytes looked at)."""
     with open(path, "rb") as f:
         f.seek(max(0, path.stat().st_size - 200))
         tail = f.read()
