@@ -558,7 +558,8 @@ def _as_lazy(
         # (polars' conversion of an aware one takes Series.values, deprecated in pandas 3.1)
         for column in source.columns:
             dtype = source[column].dtype
-            if isinstance(dtype, pd.ArrowDtype) and pa.types.is_string_view(dtype.pyarrow_dtype):
+            # by name: pa.types.is_string_view is pyarrow >= 16 (15 has no string_view at all)
+            if isinstance(dtype, pd.ArrowDtype) and str(dtype.pyarrow_dtype) == "string_view":
                 # pandas (its dtype checks, astype) and polars' conversion raise
                 # NotImplementedError on it: cast in Arrow
                 text = pa.array(source[column].array).cast(pa.large_string())
