@@ -470,7 +470,10 @@ class _Partitions:
 
     def write(self, frame: pl.DataFrame, stage: str, index: int) -> None:
         if self.in_memory:
-            self._frames[stage, index] = frame
+            # one chunk, as a work file reads back: polars' streaming rle (the positional
+            # split's transforms.position_in_user) panics on a frame of several, which
+            # polars 1.x's in-memory engine can hand back (a no-op on a frame of one)
+            self._frames[stage, index] = frame.rechunk()
             return
         (self.work / stage).mkdir(parents=True, exist_ok=True)
         # work files are read once and deleted: fast compression beats small files; one row
