@@ -93,7 +93,7 @@ class Tracker:
             Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(
                 parents=True, exist_ok=True
             )
-        with store_lock(self.tracking_uri):  # jobs starting together on a new store
+        with store_lock(self.tracking_uri), _root_logging_kept():
             self.client = MlflowClient(tracking_uri=self.tracking_uri)  # creates its tables
             if continue_run_id:
                 run_id = self._reopen(continue_run_id)
@@ -348,6 +348,21 @@ def model_requirements() -> list[str]:
     except PackageNotFoundError:
         declared = []
     return [r for r in declared if "extra ==" not in r]
+
+
+@contextmanager
+def _root_logging_kept():
+    """The root logger's handlers and level as they were before the block: MLflow before 3.7
+    creates a new sqlite store's tables with alembic, whose ``fileConfig`` replaced them with
+    its own stderr handler at WARN, so the rest of the job's log (Hydra's ``run.log``, the
+    console's INFO lines) was lost on the first job into a new store."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 @contextmanager

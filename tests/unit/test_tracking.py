@@ -37,6 +37,32 @@ def test_a_mapping_whose_keys_cannot_name_a_param_is_one_param_that_mlflow_takes
     assert params["data.behavior_aliases"] == str(aliases)
 
 
+def test_opening_a_new_store_keeps_the_jobs_log(tmp_path, monkeypatch):
+    """MLflow before 3.7 created a new sqlite store's tables with alembic, whose logging
+    ``fileConfig`` replaced the root logger's handlers with its own and set it to WARN: the
+    first job into a new store lost the rest of its log (Hydra's run.log stopped there; a
+    floors audit's finding). The job's handlers and level are kept, and its records reach them."""
+    import io
+    import logging
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = logging.getLogger()
+    job_log = logging.StreamHandler(io.StringIO())
+    before, level = root.handlers[:], root.level
+    root.addHandler(job_log)
+    root.setLevel(logging.INFO)
+    try:
+        tracker = Tracker(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="t")
+        assert root.handlers == [*before, job_log] and root.level == logging.INFO
+        logging.getLogger("recsys.tasks.train").info("epoch 0 done")
+        tracker.finish()
+    finally:
+        root.handlers[:] = before
+        root.setLevel(level)
+    text = job_log.stream.getvalue()
+    assert f"MLflow run {tracker.run_id} at sqlite:///" in text and "epoch 0 done" in text
+
+
 def test_the_lightning_logger_neither_ends_the_run_nor_logs_unprefixed_copies(
     tmp_path, monkeypatch
 ):
