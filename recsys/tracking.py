@@ -241,6 +241,7 @@ class Tracker:
     def download_artifacts(self, artifact_path: str, dst: str | Path) -> Path:
         if not self.enabled:
             raise ValueError("tracking is off (logger=none): pass a checkpoint path instead")
+        Path(dst).mkdir(parents=True, exist_ok=True)  # older MLflow (2.16) refuses a new one
         return Path(self.client.download_artifacts(self.run_id, artifact_path, str(dst)))
 
     def log_model(self, checkpoint: str | Path) -> str | None:
