@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import logging
 import math
 import os
@@ -317,6 +318,22 @@ def check_faiss_settings(settings: dict | None) -> None:
             "retrieval.index=faiss needs faiss: pip install 'recsys[ann]' (faiss-cpu), "
             "or use retrieval.index=exact"
         ) from err
+
+
+def changed_faiss_settings(settings: dict | None) -> dict:
+    """The ``retrieval.faiss`` settings that differ from :class:`FaissIndex`'s defaults (which
+    ``conf/retrieval/default.yaml`` repeats): what a user set, which only
+    ``retrieval.index=faiss`` reads."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(FaissIndex.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    return {
+        name: value
+        for name, value in (settings or {}).items()
+        if name not in defaults or value != defaults[name]
+    }
 
 
 _CACHE_PREFIX = "faiss-"

@@ -56,6 +56,7 @@ from recsys.retrieval.index import (
     INDEXES,
     MIN_ITEM_CHUNK,
     build_index,
+    changed_faiss_settings,
     check_faiss_settings,
     chunked_topk,
 )
@@ -112,6 +113,13 @@ class ScoringOptions:
             raise ValueError(f"retrieval.index={self.index!r}: use one of {list(INDEXES)}")
         if self.index == "faiss":
             check_faiss_settings(self.faiss)
+        elif changed := changed_faiss_settings(self.faiss):
+            log.warning(
+                "%s ignored: retrieval.index=%s does not read retrieval.faiss; set "
+                "retrieval.index=faiss to use it (or drop it)",
+                ", ".join(f"retrieval.faiss.{k}={v!r}" for k, v in changed.items()),
+                self.index,
+            )
         if self.popularity_days is not None and not self.popularity_days > 0:
             raise ValueError(
                 f"retrieval.popularity_days={self.popularity_days!r} must be > 0 or null (all)"

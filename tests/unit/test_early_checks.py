@@ -1008,3 +1008,22 @@ def test_evaluating_a_model_on_targets_it_was_not_trained_for_is_refused(
     # the behaviour it was trained for is evaluated as before (here: up to preparing)
     with pytest.raises(pytest.fail.Exception, match="prepared"):
         evaluate.run(make_config("evaluate", [*settings, "data.split.target_behaviors=[purchase]"]))
+
+
+def test_faiss_settings_with_the_exact_index_are_named_as_ignored(make_config, caplog):
+    """``retrieval.faiss.nprobe=64`` without ``retrieval.index=faiss`` tuned nothing, silently;
+    the scoring settings' check names it and the fix. The default config warns of nothing."""
+    from recsys.tasks import score
+
+    def warnings(overrides):
+        caplog.clear()
+        cfg = make_config("config", ["experiment=tiny", "logger=none", *overrides])
+        score.check_options(cfg.retrieval, ["click"])
+        return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+    assert warnings([]) == []
+    (message,) = warnings(["retrieval.faiss.nprobe=64", "retrieval.faiss.kind=ivf"])
+    assert message.startswith(
+        "retrieval.faiss.kind='ivf', retrieval.faiss.nprobe=64 ignored: retrieval.index=exact"
+    )
+    assert "set retrieval.index=faiss" in message
