@@ -172,7 +172,9 @@ class CheckSweep(Callback):
     check_config`, :func:`recsys.tasks.train.check_config`, :func:`recsys.tasks.prepare.
     check_config`), so that one bad value
     (``model.num_heads=2,0``) stops the sweep at once, naming the job, instead of after the
-    jobs before it have trained. Only Hydra's basic sweeper's jobs can be listed in advance;
+    jobs before it have trained. So does an ``init_from`` or teacher
+    (``training.distillation.teachers``) that names no model (:func:`recsys.tasks.train.
+    check_references`). Only Hydra's basic sweeper's jobs can be listed in advance;
     only the jobs that train or prepare are checked."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -200,6 +202,7 @@ class CheckSweep(Callback):
         jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
         hydra_config, before = HydraConfig.instance(), HydraConfig.instance().cfg
         writers: dict[str, int] = {}  # folder a job writes -> the first job writing it
+        references: set[tuple[str, str]] = set()  # init_from / teachers found already
         try:
             for number, job in enumerate(jobs):
                 try:
@@ -218,6 +221,8 @@ class CheckSweep(Callback):
                         )
                     check(task)
                     _check_sweep_inputs(task)
+                    if trains:  # a checkpoint or MLflow run that is not there
+                        train.check_references(task, references)
                     outputs = {"paths.run_dir": task.paths.run_dir}
                     if name == "run":
                         outputs["retrieval.output.path"] = task.retrieval.output.path

@@ -510,8 +510,8 @@ def done_with(path: Path) -> None:
 
 
 def resolve_model(
-    ref: str, logger_cfg: Mapping[str, Any] | None, option: str = "model"
-) -> tuple[Path, dict[str, str]]:
+    ref: str, logger_cfg: Mapping[str, Any] | None, option: str = "model", *, fetch: bool = True
+) -> tuple[Path | None, dict[str, str]]:
     """Where the model named by ``model=`` (messages name ``option``) is, as a local checkpoint
     file, and how it was found (tags for the scoring run). ``ref`` is one of:
 
@@ -522,7 +522,8 @@ def resolve_model(
 
     A model from the store is copied into a temporary folder: call :func:`done_with` on the
     returned :class:`FetchedCheckpoint` once it is loaded (a scheduled job of a GB model would
-    otherwise leave a copy per run).
+    otherwise leave a copy per run). ``fetch`` False: only check that the store holds the run or
+    registered version, copying nothing (the path is then None; a sweep's check).
     """
     import tempfile
 
@@ -561,6 +562,8 @@ def resolve_model(
                 "logger.registered_model_name=<name> logger.model_alias=<alias>"
             ) from err
         tags = {"model.uri": text, "model.version": str(version.version)}
+        if not fetch:
+            return None, tags
         if not version.run_id:  # registered from a path, not a run: fetch what it names
             return _fetch_version_source(tracker, name, version, text, option), tags
         run_id = version.run_id
@@ -576,6 +579,8 @@ def resolve_model(
             f"({type(err).__name__}). Pass a checkpoint path, a run id from `mlflow ui`, or a "
             "registered model as <name>@<alias> (a registered name needs its alias)"
         ) from err
+    if not fetch:
+        return None, {**tags, "model.run_id": run_id}
     destination = tempfile.mkdtemp(prefix="recsys-model-")
     try:
         checkpoint = _download_checkpoint(run_tracker, destination)

@@ -60,7 +60,14 @@ from recsys.model.transfer import carry_over
 from recsys.model.transition import TransitionCounts, TransitionPrior
 from recsys.schema import NUM_RESERVED
 from recsys.tasks import prepare
-from recsys.tracking import Tracker, check_registry, flatten, load_model, use_tracker
+from recsys.tracking import (
+    Tracker,
+    check_registry,
+    flatten,
+    load_model,
+    resolve_model,
+    use_tracker,
+)
 from recsys.training.callbacks import (
     AtomicCheckpointIO,
     CheckMonitors,
@@ -364,6 +371,27 @@ def load_references(cfg: DictConfig) -> tuple[Reference | None, dict | None]:
         None if initial is None else load("init_from", initial),
         _distillation(cfg, lambda ref: load(TEACHERS, ref)),
     )
+
+
+def check_references(cfg: DictConfig, checked: set[tuple[str, str]] | None = None) -> None:
+    """``init_from`` and ``training.distillation``'s teachers resolve, as
+    :func:`load_references` resolves them (:func:`recsys.tracking.resolve_model`), without
+    copying a model out of the MLflow store: a checkpoint path is loaded, a run id or
+    registered model looked up. For a ``-m`` sweep's check before its first job; ``checked``:
+    references (with their store) already found, not looked up again."""
+    checked = set() if checked is None else checked
+    store = str(OmegaConf.select(cfg, "logger.tracking_uri", default=None))
+
+    def check(option: str, ref: str) -> None:
+        if (ref, store) not in checked:
+            path, _ = resolve_model(ref, cfg.logger, option, fetch=False)
+            if path is not None:
+                load_checkpoint(path, option=option)
+            checked.add((ref, store))
+
+    if cfg.get("init_from") is not None:
+        check("init_from", str(cfg.init_from))
+    _distillation(cfg, lambda ref: check(TEACHERS, ref))
 
 
 # in a checkpoint's recsys entry: the teachers it was distilled from (:func:`teacher_records`)

@@ -1682,6 +1682,11 @@ def test_cli_overrides_and_multirun_sweep(tmp_path):
             ["data=events_file", "data.source={configs}/sweep/bad.yaml,{configs}/nope.parquet"],
             "FileNotFoundError: job 1 of the sweep's 2 (data=events_file data.source=",
         ),
+        (  # a checkpoint that is not there: found out when job 1 started, after job 0 trained
+            "pipelines.train",
+            ["init_from=null,{configs}/nope.ckpt"],
+            "FileNotFoundError: job 1 of the sweep's 2 (init_from=",
+        ),
         (  # one fixed output path for every job: job 1 would have trained, then been refused
             "pipelines.run",
             ["retrieval.output.path={configs}/recs", "model.num_heads=1,2"],

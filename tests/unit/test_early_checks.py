@@ -1027,3 +1027,34 @@ def test_faiss_settings_with_the_exact_index_are_named_as_ignored(make_config, c
         "retrieval.faiss.kind='ivf', retrieval.faiss.nprobe=64 ignored: retrieval.index=exact"
     )
     assert "set retrieval.index=faiss" in message
+
+
+def test_init_from_and_teacher_references_are_checked_without_fetching(
+    make_config, tmp_path, monkeypatch
+):
+    """``train.check_references`` (a ``-m`` sweep's check of every job before the first):
+    a missing checkpoint, a file that is no checkpoint, an unknown run id or registered name
+    are refused as the training would refuse them; a run the store holds is found without
+    copying its model out of the store."""
+    from recsys import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = tracking.Tracker(tracking_uri=uri, experiment_name="t")
+    run.finish()
+    monkeypatch.setattr(tracking, "_download_checkpoint", lambda *a: pytest.fail("fetched"))
+    tracked = ["experiment=tiny", "logger=mlflow", f"logger.tracking_uri={uri}"]
+    not_a_checkpoint = tmp_path / "notes.ckpt"
+    not_a_checkpoint.write_text("not weights")
+    train.check_references(make_config("config", [*tracked, f"init_from={run.run_id}"]))
+    for overrides, error, message in [
+        ([f"init_from={tmp_path}/nope.ckpt"], FileNotFoundError, r"init_from='.*nope.ckpt': no"),
+        ([f"init_from={not_a_checkpoint}"], ValueError, r"notes.ckpt is not a recsys checkpoint"),
+        (["init_from=0123abcd"], ValueError, r"init_from='0123abcd': no MLflow run with that id"),
+        (
+            ["training.distillation={teachers: ['ranker@prod']}"],
+            ValueError,
+            r"training.distillation.teachers='ranker@prod': not found in the MLflow model",
+        ),
+    ]:
+        with pytest.raises(error, match=message):
+            train.check_references(make_config("config", [*tracked, *overrides]))
