@@ -63,7 +63,8 @@ class Tracker:
     ``continue_run_id`` (a resumed training) marks it running again, or opens a new run with a
     warning when this store does not hold it. Parameters logged again keep their first value;
     a changed one is recorded as the tag ``changed_param.<name>`` (MLflow refuses to change a
-    parameter), so a run resumed with, say, more epochs says so.
+    parameter), so a run resumed with, say, more epochs says so. A run resumed under other
+    code keeps its ``code.*`` tags and gets ``code.resumed.*`` with the values that differ now.
     """
 
     def __init__(
@@ -136,6 +137,12 @@ class Tracker:
             )
             return None
         log.info("continuing MLflow run %s", run_id)
+        # (its code.* tags name the code that started it: code that differs now is tagged
+        # code.resumed.*, as changed_param.* records a changed parameter)
+        first = self.client.get_run(run_id).data.tags
+        for name, value in code_tags().items():
+            if first.get(name) != value:
+                self.client.set_tag(run_id, f"code.resumed.{name.removeprefix('code.')}", value)
         return run_id
 
     @classmethod

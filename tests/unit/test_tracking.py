@@ -269,6 +269,32 @@ def test_a_resumed_run_names_the_settings_its_checkpoint_keeps_instead_of_taggin
     assert "training.optimizer.lr 0.001 (given 0.01)" in caplog.text
 
 
+def test_a_run_resumed_under_other_code_names_both(tmp_path, monkeypatch):
+    """A resumed training kept the first start's code.* tags: a run resumed under other code
+    said the first code alone had made it. The code of the resume is tagged code.resumed.*
+    where it differs; the same code adds nothing."""
+    from recsys import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = {"version": "1.0", "git_commit": "aaa", "git_dirty": False}
+    monkeypatch.setattr(tracking, "code_version", lambda: dict(code))
+    first = Tracker(tracking_uri=uri, experiment_name="e")
+    first.finish("KILLED")
+    Tracker(tracking_uri=uri, experiment_name="e", continue_run_id=first.run_id).finish()
+    tags = first.client.get_run(first.run_id).data.tags
+    assert not [k for k in tags if k.startswith("code.resumed.")]
+    code.update(git_commit="bbb", git_dirty=True)
+    Tracker(tracking_uri=uri, experiment_name="e", continue_run_id=first.run_id).finish()
+    tags = first.client.get_run(first.run_id).data.tags
+    assert {k: v for k, v in tags.items() if k.startswith("code.")} == {
+        "code.version": "1.0",
+        "code.git_commit": "aaa",
+        "code.git_dirty": "false",
+        "code.resumed.git_commit": "bbb",
+        "code.resumed.git_dirty": "true",
+    }
+
+
 def test_a_model_fetched_from_mlflow_is_removed_when_its_caller_is_done_with_it(
     tmp_path, monkeypatch
 ):
