@@ -118,6 +118,30 @@ def test_integer_ids_of_another_width_or_sign_carry_by_value():
         torch.testing.assert_close(now[pairs["index_right"]], was[pairs["index"]])
 
 
+def test_whole_number_float_ids_of_an_earlier_recsys_carry_by_value():
+    """A model trained before whole-number float ids were read as integers (a Parquet log of
+    a pandas id column made float by one missing id) holds Float64 ids 10.0, 12.0, ...;
+    tonight's preparation of the same log reads them as Int64: the same items, so a nightly
+    warm start keeps their rows (it was refused as 'shares no item id')."""
+    floats = Vocab(
+        items=OLD.items.with_columns(pl.col("item_id").cast(pl.Float64)),
+        attributes=OLD.attributes,
+        behaviors=OLD.behaviors,
+    )
+    old, new = atrank(floats, seed=0), atrank(NEW, seed=1)
+    carried = carry_over(old, floats, new, NEW)
+    assert carried.items == 2  # items 10 and 12
+    table = "embedding.item_embedding.weight"
+    torch.testing.assert_close(new.state_dict()[table][[4, 2]], old.state_dict()[table][[2, 4]])
+    fractional = Vocab(  # ids 10.5, ... are not integers: nothing matches them
+        items=floats.items.with_columns(pl.col("item_id") + 0.5),
+        attributes=OLD.attributes,
+        behaviors=OLD.behaviors,
+    )
+    with pytest.raises(LookupError, match="shares no item id"):
+        carry_over(atrank(fractional, 0), fractional, atrank(NEW, 1), NEW)
+
+
 def test_weights_either_model_lacks_are_refused_by_name():
     """A two-layer model into a one-layer encoder (or the other way round): a trained layer
     would be left behind, or a layer left untrained, so neither is carried silently."""
