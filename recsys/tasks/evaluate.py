@@ -22,7 +22,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from recsys.checkpoint import model_digest
+from recsys.checkpoint import LoadedModel, model_digest
 from recsys.config import (
     check_required,
     event_schema,
@@ -271,6 +271,30 @@ def progress_label(split: str, segment: str, prefix: str) -> str:
     return " ".join(part for part in (split, segment.rstrip("_"), what) if part)
 
 
+def _other_id_type(model: LoadedModel, vocab: Vocab, ref) -> str:
+    """The cause, when the model's item ids have another type than the ones this data was
+    prepared with, which no data setting of this job can undo: the log's ids changed type, or
+    the code reads them otherwise (whole-number float ids are read as integers since the
+    fifty-third session; a model trained before holds ids 10.0)."""
+    trained, now = model.vocab.items.schema[ITEM], vocab.items.schema[ITEM]
+    if trained == now:
+        return ""
+    code = (model.code or {}).get("git_commit") or (model.code or {}).get("version")
+    upgrade = (
+        "; this recsys reads whole-number float ids as integers, the one that trained it"
+        + (f" ({code})" if code else "")
+        + " may have kept them as floats"
+        if trained.is_float() and now.is_integer()
+        else ""
+    )
+    return (
+        f"model={ref} holds {trained} item ids, the data this job prepared {now} ones: the "
+        f"log's ids changed type since the training, or are read otherwise{upgrade}. No data "
+        "setting undoes that: evaluate it on the folder it was trained on "
+        "(data.prepared_dir=<that folder>), or retrain it on this data"
+    )
+
+
 def run(
     cfg: DictConfig,
     checkpoint: str | Path | None = None,
@@ -346,6 +370,8 @@ def run(
         recorded = (model.data_settings or {}).get("source")
         trained_on = f": it was trained on data.source={recorded}" if recorded else ""
         # named as the user gave it: a model fetched from MLflow sits in a temporary copy
+        if cause := _other_id_type(model, datamodule.vocab, ref):
+            raise ValueError(cause)
         raise ValueError(
             f"{prepared_dir} was prepared with another vocabulary than model={ref} "
             f"(different data or data settings: this data's fingerprint "

@@ -637,6 +637,36 @@ def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, ma
         assert not Path(cfg.paths.run_dir).exists() or not written(Path(cfg.paths.run_dir))
 
 
+def test_a_model_of_float_ids_on_the_same_log_is_refused_naming_the_id_types(
+    main_run, make_config, tmp_path
+):
+    """A model trained before whole-number float ids were read as integers holds ids 10.0;
+    evaluated on its own log, now prepared with Int64 ids, it was refused as 'different data
+    or data settings: give this job the data settings of its training', which the job did.
+    The message names both id types, the code that trained the model and the fixes."""
+    import torch
+
+    cfg, result = main_run
+    checkpoint = torch.load(result.checkpoint, map_location="cpu", weights_only=False)
+    vocab = checkpoint["recsys"]["vocab"]
+    vocab["item_id"] = [float(i) for i in vocab["item_id"]]
+    vocab["item_id_type"] = "Float64"
+    checkpoint["recsys"]["code"] = {"version": "0.1.0", "git_commit": "abc1234"}
+    old = tmp_path / "float-ids.ckpt"
+    torch.save(checkpoint, old)
+    job = make_config(
+        "evaluate", [f"model_ref={old}", "logger=none", *TINY_DATA, "training.rerank_top_n=20"]
+    )
+    with pytest.raises(
+        ValueError, match="holds Float64 item ids, the data this job prepared Int64 ones"
+    ) as info:
+        evaluate.run(job)
+    assert "(abc1234)" in str(info.value)
+    assert "data.prepared_dir=<that folder>" in str(info.value)
+    assert "give this job the data settings" not in str(info.value)
+    assert not (Path(job.paths.run_dir) / "prepared").exists()  # nothing left behind
+
+
 def written(folder: Path) -> list[Path]:
     """Files under ``folder`` (empty parent folders of the run directory do not count: see
     tests/unit/data/test_pipeline.py::test_failed_prepare_leaves_no_parent_folders)."""
