@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from recsys.data.io import DataError
+from recsys.data.io import DataError, whole_number_ids
 from recsys.data.validate import (
     ATTRIBUTE_SEPARATOR,
     LOCAL,
@@ -352,7 +352,7 @@ class Vocab:
             )
         frames = {name: _read_vocab_file(folder / file, name) for name, file in FILES.items()}
         return cls(
-            items=frames["items"],
+            items=_ids_as_read_now(frames["items"]),
             attributes=frames["attributes"],
             behaviors=tuple(frames["behaviors"].sort(INDEX)[BEHAVIOR].to_list()),
         )
@@ -381,6 +381,7 @@ class Vocab:
                 TRAIN_COUNT: plain["item_train_count"],
             }
         ).with_columns(pl.col(INDEX).cast(pl.Int32), pl.col(TRAIN_COUNT).cast(pl.Int64))
+        items = _ids_as_read_now(items)
         attributes = pl.DataFrame(
             {
                 ATTRIBUTE: pl.Series(plain["attribute"], dtype=pl.String),
@@ -405,6 +406,17 @@ class Vocab:
         ):
             _feed(digest, label, series)
         return digest.hexdigest()
+
+
+def _ids_as_read_now(items: pl.DataFrame) -> pl.DataFrame:
+    """A saved vocabulary's items with their ids as preparation reads such ids now
+    (:func:`~recsys.data.io.whole_number_ids`): whole-number float ids, which a vocabulary
+    prepared before that rule holds (``10.0``), as Int64. So a model or prepared folder of
+    that time scores, evaluates, teaches and warm-starts on a new preparation of its log,
+    whose vocabulary is the same but for that type."""
+    if not items.schema[ITEM].is_float():
+        return items
+    return whole_number_ids(items.lazy(), [ITEM]).collect()
 
 
 # the types prepared ids come in (recsys.data.validate.canonical_id_type), by name

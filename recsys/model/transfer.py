@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import polars as pl
 import torch
 
-from recsys.data.io import whole_number_ids
 from recsys.data.vocab import ATTRIBUTE, INDEX, Vocab
 from recsys.schema import ITEM, NUM_RESERVED
 
@@ -74,10 +73,7 @@ def vocabulary_rows(encoder: torch.nn.Module) -> Mapping[str, str]:
 def _matches(old: pl.DataFrame, new: pl.DataFrame, key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices (old, new) of the entries whose ``key`` (a raw id) both tables hold. Integer ids
     match by value whatever their width or sign (an export whose ids became UInt64 keeps its
-    rows), and so do whole-number float ids, read as integers as preparation reads them now
-    (:func:`~recsys.data.io.whole_number_ids`: a model of an earlier recsys holds ids 10.0);
-    ids of another kind (text against integers) match nothing."""
-    old, new = (whole_number_ids(t.lazy(), [key]).collect() for t in (old, new))
+    rows); ids of another kind (text against integers) match nothing."""
     old_type, new_type = old.schema[key], new.schema[key]
     if old_type != new_type and not (old_type.is_integer() and new_type.is_integer()):
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)

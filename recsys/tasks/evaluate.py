@@ -273,25 +273,16 @@ def progress_label(split: str, segment: str, prefix: str) -> str:
 
 def _other_id_type(model: LoadedModel, vocab: Vocab, ref) -> str:
     """The cause, when the model's item ids have another type than the ones this data was
-    prepared with, which no data setting of this job can undo: the log's ids changed type, or
-    the code reads them otherwise (whole-number float ids are read as integers since the
-    fifty-third session; a model trained before holds ids 10.0)."""
+    prepared with (the log's ids changed type since the training), which no data setting of
+    this job undoes."""
     trained, now = model.vocab.items.schema[ITEM], vocab.items.schema[ITEM]
     if trained == now:
         return ""
-    code = (model.code or {}).get("git_commit") or (model.code or {}).get("version")
-    upgrade = (
-        "; this recsys reads whole-number float ids as integers, the one that trained it"
-        + (f" ({code})" if code else "")
-        + " may have kept them as floats"
-        if trained.is_float() and now.is_integer()
-        else ""
-    )
     return (
         f"model={ref} holds {trained} item ids, the data this job prepared {now} ones: the "
-        f"log's ids changed type since the training, or are read otherwise{upgrade}. No data "
-        "setting undoes that: evaluate it on the folder it was trained on "
-        "(data.prepared_dir=<that folder>), or retrain it on this data"
+        "log's ids changed type since the training. No data setting undoes that: evaluate it "
+        "on the folder it was trained on (data.prepared_dir=<that folder>), or retrain it on "
+        "this data"
     )
 
 

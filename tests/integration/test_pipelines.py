@@ -637,34 +637,41 @@ def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, ma
         assert not Path(cfg.paths.run_dir).exists() or not written(Path(cfg.paths.run_dir))
 
 
-def test_a_model_of_float_ids_on_the_same_log_is_refused_naming_the_id_types(
-    main_run, make_config, tmp_path
-):
+def test_a_model_of_another_id_type_on_its_own_log(main_run, make_config, tmp_path):
     """A model trained before whole-number float ids were read as integers holds ids 10.0;
     evaluated on its own log, now prepared with Int64 ids, it was refused as 'different data
-    or data settings: give this job the data settings of its training', which the job did.
-    The message names both id types, the code that trained the model and the fixes."""
+    or data settings: give this job the data settings of its training', which the job did. Its
+    vocabulary now reads back with Int64 ids, so it evaluates as the model of today's recsys
+    does. Ids of a type no rule converts (text) are refused naming both types and the fixes."""
     import torch
 
     cfg, result = main_run
     checkpoint = torch.load(result.checkpoint, map_location="cpu", weights_only=False)
     vocab = checkpoint["recsys"]["vocab"]
-    vocab["item_id"] = [float(i) for i in vocab["item_id"]]
-    vocab["item_id_type"] = "Float64"
-    checkpoint["recsys"]["code"] = {"version": "0.1.0", "git_commit": "abc1234"}
-    old = tmp_path / "float-ids.ckpt"
-    torch.save(checkpoint, old)
-    job = make_config(
-        "evaluate", [f"model_ref={old}", "logger=none", *TINY_DATA, "training.rerank_top_n=20"]
+    ids = list(vocab["item_id"])
+    job = [*TINY_DATA, "training.rerank_top_n=20", "logger=none"]
+    found = {}
+    for kind, ids_as, type_name in (("float", float, "Float64"), ("text", str, "String")):
+        vocab["item_id"], vocab["item_id_type"] = [ids_as(i) for i in ids], type_name
+        path = tmp_path / f"{kind}-ids.ckpt"
+        torch.save(checkpoint, path)
+        cfg_kind = make_config(
+            "evaluate", [f"model_ref={path}", *job, f"paths.run_dir={tmp_path / kind}"]
+        )
+        if kind == "float":
+            found[kind] = evaluate.run(cfg_kind)
+            continue
+        with pytest.raises(
+            ValueError, match="holds String item ids, the data this job prepared Int64 ones"
+        ) as info:
+            evaluate.run(cfg_kind)
+        assert "data.prepared_dir=<that folder>" in str(info.value)
+        assert "give this job the data settings" not in str(info.value)
+        assert not (Path(cfg_kind.paths.run_dir) / "prepared").exists()  # nothing left behind
+    ints = make_config(
+        "evaluate", [f"model_ref={result.checkpoint}", *job, f"paths.run_dir={tmp_path / 'int'}"]
     )
-    with pytest.raises(
-        ValueError, match="holds Float64 item ids, the data this job prepared Int64 ones"
-    ) as info:
-        evaluate.run(job)
-    assert "(abc1234)" in str(info.value)
-    assert "data.prepared_dir=<that folder>" in str(info.value)
-    assert "give this job the data settings" not in str(info.value)
-    assert not (Path(job.paths.run_dir) / "prepared").exists()  # nothing left behind
+    assert found["float"]["test/ndcg_at_10"] == evaluate.run(ints)["test/ndcg_at_10"]
 
 
 def written(folder: Path) -> list[Path]:

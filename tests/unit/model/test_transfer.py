@@ -118,26 +118,25 @@ def test_integer_ids_of_another_width_or_sign_carry_by_value():
         torch.testing.assert_close(now[pairs["index_right"]], was[pairs["index"]])
 
 
-def test_whole_number_float_ids_of_an_earlier_recsys_carry_by_value():
+def test_a_saved_vocabulary_of_whole_number_float_ids_carries_by_value():
     """A model trained before whole-number float ids were read as integers (a Parquet log of
-    a pandas id column made float by one missing id) holds Float64 ids 10.0, 12.0, ...;
-    tonight's preparation of the same log reads them as Int64: the same items, so a nightly
-    warm start keeps their rows (it was refused as 'shares no item id')."""
-    floats = Vocab(
-        items=OLD.items.with_columns(pl.col("item_id").cast(pl.Float64)),
-        attributes=OLD.attributes,
-        behaviors=OLD.behaviors,
+    a pandas id column made float by one missing id) saved Float64 ids 10.0, 12.0, ...;
+    tonight's preparation of the same log reads them as Int64. Read back, the saved
+    vocabulary's ids are Int64 too, so a nightly warm start keeps their rows (it was refused
+    as 'shares no item id'); fractional ids stay float and match nothing."""
+    plain = OLD.to_plain()
+    saved = Vocab.from_plain(
+        {**plain, "item_id": [float(i) for i in plain["item_id"]], "item_id_type": "Float64"}
     )
-    old, new = atrank(floats, seed=0), atrank(NEW, seed=1)
-    carried = carry_over(old, floats, new, NEW)
-    assert carried.items == 2  # items 10 and 12
+    assert saved.items.schema["item_id"] == pl.Int64 and saved.content_hash() == OLD.content_hash()
+    old, new = atrank(saved, seed=0), atrank(NEW, seed=1)
+    assert carry_over(old, saved, new, NEW).items == 2  # items 10 and 12
     table = "embedding.item_embedding.weight"
     torch.testing.assert_close(new.state_dict()[table][[4, 2]], old.state_dict()[table][[2, 4]])
-    fractional = Vocab(  # ids 10.5, ... are not integers: nothing matches them
-        items=floats.items.with_columns(pl.col("item_id") + 0.5),
-        attributes=OLD.attributes,
-        behaviors=OLD.behaviors,
+    fractional = Vocab.from_plain(
+        {**plain, "item_id": [i + 0.5 for i in plain["item_id"]], "item_id_type": "Float64"}
     )
+    assert fractional.items.schema["item_id"] == pl.Float64
     with pytest.raises(LookupError, match="shares no item id"):
         carry_over(atrank(fractional, 0), fractional, atrank(NEW, 1), NEW)
 
