@@ -120,9 +120,10 @@ class ScoringOptions:
                 ", ".join(f"retrieval.faiss.{k}={v!r}" for k, v in changed.items()),
                 self.index,
             )
-        if self.popularity_days is not None and not self.popularity_days > 0:
+        if self.popularity_days is not None and not 0 < self.popularity_days < math.inf:
             raise ValueError(
-                f"retrieval.popularity_days={self.popularity_days!r} must be > 0 or null (all)"
+                f"retrieval.popularity_days={self.popularity_days!r} must be a finite number "
+                "> 0, or null (all: every event of the log counts)"
             )
 
     @property
@@ -169,11 +170,9 @@ class ScoringData:
                 )
         store = SequenceStore.from_frame(scoring_sequences(encoded))
         query_time = int(store.timestamp.max()) if as_of is None else int(as_of.timestamp())
-        since = (
-            None
-            if options.popularity_days is None
-            else query_time - int(options.popularity_days * 86_400)
-        )
+        window = None if options.popularity_days is None else options.popularity_days * 86_400
+        # a window reaching back before 1970 (popularity_days=1e300) counts every event, as null
+        since = None if window is None or window >= query_time else query_time - int(window)
         catalogue = Catalogue.build(
             model.vocab,
             encoded,

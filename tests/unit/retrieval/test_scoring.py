@@ -566,12 +566,24 @@ def test_target_behavior_must_be_learned(setup):
         ({"rules": {"exclude": ["teleport"]}}, "exclude"),
         ({"rules": {"colour": "red"}}, "unknown keys"),
         ({"topk": 3}, "unknown keys"),
+        # inf had stopped the job with a bare OverflowError from deep in the catalogue
+        ({"popularity_days": float("inf")}, "popularity_days=inf must be a finite number"),
+        ({"popularity_days": float("nan")}, "popularity_days=nan must be a finite number"),
     ],
 )
 def test_absurd_settings_are_refused(setup, retrieval, message):
     model, events = setup
     with pytest.raises(ValueError, match=message):
         recommend_frame(model, events, retrieval=retrieval)
+
+
+def test_a_popularity_window_longer_than_the_log_counts_every_event(setup):
+    """A finite ``popularity_days`` reaching back before 1970 (1e300) scores as null (all),
+    where it had failed in polars on an integer too large."""
+    model, events = setup
+    cold = {"min_history": 10**6}  # every row from the fallback, which popularity orders
+    everything = _score(model, events, popularity_days=None, **cold)
+    assert_frame_equal(_score(model, events, popularity_days=1e300, **cold), everything)
 
 
 def test_numpy_integers_are_integers(setup):
