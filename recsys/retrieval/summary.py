@@ -1,7 +1,8 @@
 """What a scoring job recommended, in numbers and plots (the scoring run's summary artifact).
 
 - ``catalogue_coverage``: distinct recommended items / items that could be recommended;
-- ``source_share``: share of rows per source, and ``fallback_share`` (rows not from the model);
+- ``source_share``: share of rows per source (every source, 0 where it gave none), and
+  ``fallback_share`` (rows not from the model; 0 when no row was written);
 - ``popularity``: how the recommendations spread over the catalogue's popularity: the share of
   rows whose item is in the top 1 % / 10 % / 50 % of items by training count (new items count
   as least popular), and the Gini coefficient of recommendation counts over the catalogue
@@ -16,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from recsys.retrieval.catalogue import CATALOGUE_INDEX, Catalogue
+from recsys.retrieval.recommend import SOURCES
 from recsys.schema import ITEM, NUM_RESERVED, USER
 
 POPULARITY_TIERS = (0.01, 0.10, 0.50)
@@ -54,17 +56,17 @@ def summarize(
     tier_of = np.empty(real.sum(), dtype=np.float64)
     tier_of[order] = (np.arange(len(order)) + 1) / max(len(order), 1)  # popularity quantile
     rows = max(len(recs), 1)
-    # sorted by source: value_counts' own order varies from call to call, and the summary
-    # must come out byte-identical for the same recommendations (a resumed job is compared)
-    sources = recs["source"].value_counts().sort("source").to_dicts() if len(recs) else []
-    source_share = {str(r["source"]): r["count"] / rows for r in sources}
+    # every source, in SOURCES order, 0.0 where it gave no row: the same keys in every job's
+    # summary (a consumer reading source_share["popularity"] never meets a missing key)
+    counts_by_source = dict(recs["source"].cast(pl.String).value_counts().iter_rows())
+    source_share = {name: counts_by_source.get(name, 0) / rows for name in SOURCES}
     return {
         "users": recs[USER].n_unique(),
         "rows": len(recs),
         "catalogue_coverage": float((counts > 0).sum() / max(recommendable, 1)),
         "distinct_items": int((counts > 0).sum()),
         "source_share": source_share,
-        "fallback_share": 1.0 - source_share.get("model", 0.0),
+        "fallback_share": sum(share for name, share in source_share.items() if name != "model"),
         "popularity": {
             **{
                 f"top_{round(t * 100)}pct_share": float(counts[real][tier_of <= t].sum() / rows)

@@ -25,7 +25,9 @@ from recsys.model.atrank import ATRank
 from recsys.model.sasrec import SASRec
 from recsys.retrieval.index import ExactIndex, chunked_topk, mask_items
 from recsys.retrieval.ranker import apply_seen_policy, seen_mask, two_stage
-from recsys.retrieval.rules import cap_per_category, take_first
+from recsys.retrieval.recommend import Recommender, ScoringData, ScoringOptions
+from recsys.retrieval.rules import Rules, cap_per_category, take_first
+from recsys.retrieval.summary import summarize
 from recsys.schema import EVENT_TYPE, ITEM, TIMESTAMP, USER, EventSchema
 from recsys.tasks.score import recommend_frame, recommend_kwargs_from_params
 
@@ -584,6 +586,28 @@ def test_a_popularity_window_longer_than_the_log_counts_every_event(setup):
     cold = {"min_history": 10**6}  # every row from the fallback, which popularity orders
     everything = _score(model, events, popularity_days=None, **cold)
     assert_frame_equal(_score(model, events, popularity_days=1e300, **cold), everything)
+
+
+def test_the_summary_names_every_source_even_when_it_gave_no_row(setup):
+    """``_summary.json`` had listed only the sources that gave rows (a job of model rows alone
+    had no ``source_share.popularity``), and a job that recommended nothing had
+    ``fallback_share`` 1.0. Every source is named, 0.0 where it gave none."""
+    model, events = setup
+    options = ScoringOptions(top_k=TOP_K)
+    data = ScoringData.build(
+        model, load_events(events, EventSchema()), rules=Rules(), options=options
+    )
+    recommender = Recommender(model, data, rules=Rules(), options=options)
+    counts = {"train_counts": model.vocab.item_train_counts(), "recommendable": 10}
+    frame = recommender.recommend(np.arange(data.store.num_users))
+    assert set(frame["source"]) == {"model"}  # every user of the log has a history
+    summary = summarize(frame.lazy(), data.catalogue, **counts)
+    assert summary["source_share"] == {"model": 1.0, "category_popularity": 0.0, "popularity": 0.0}
+    assert summary["fallback_share"] == 0.0
+    nothing = summarize(recommender.empty().lazy(), data.catalogue, **counts)
+    assert nothing["rows"] == 0
+    assert nothing["source_share"] == dict.fromkeys(summary["source_share"], 0.0)
+    assert nothing["fallback_share"] == 0.0
 
 
 def test_numpy_integers_are_integers(setup):
