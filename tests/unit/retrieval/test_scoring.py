@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import polars.selectors as cs
+import pyarrow.parquet as pq
 import pytest
 import torch
 from polars.testing import assert_frame_equal
@@ -608,6 +609,27 @@ def test_the_summary_names_every_source_even_when_it_gave_no_row(setup):
     assert nothing["rows"] == 0
     assert nothing["source_share"] == dict.fromkeys(summary["source_share"], 0.0)
     assert nothing["fallback_share"] == 0.0
+
+
+def test_every_part_has_the_same_parquet_schema_and_rows_in_user_and_rank_order(setup, tmp_path):
+    """What the README promises a warehouse load: a part of fallback rows alone, or of no
+    rows, has the columns and Parquet types of a part of model rows (no null-typed column),
+    and the rows run by user id, then rank."""
+    model, events = setup
+    parts = {
+        "model": _score(model, events),
+        "fallback": _score(model, events, min_history=10**6),
+        "empty": _score(model, events).head(0),
+    }
+    schemas = {}
+    for name, frame in parts.items():
+        frame.write_parquet(tmp_path / f"{name}.parquet", statistics=False)
+        schemas[name] = pq.read_schema(tmp_path / f"{name}.parquet")
+    assert set(parts["fallback"]["source"]) != {"model"}
+    assert parts["fallback"]["explain_1_item_id"].null_count() == parts["fallback"].height
+    assert all(schemas[name].equals(schemas["model"]) for name in schemas)
+    for frame in parts["model"], parts["fallback"]:
+        assert_frame_equal(frame, frame.sort(USER, "rank", maintain_order=True))
 
 
 def test_numpy_integers_are_integers(setup):
