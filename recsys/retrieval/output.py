@@ -9,11 +9,13 @@ the whole output; never half of it.
 
 A job killed mid-way and started again with the same model, data and settings (same manifest
 key) finds its staging folder, skips the parts already written and writes the rest: parts are
-deterministic, so the result is byte-identical to an uninterrupted run. A staging folder of a
-different job is discarded (and logged). An existing complete output of the same job is left as
-it is; of another job, it is only replaced with ``retrieval.output.overwrite=true``. A path
-that holds anything but a scoring output (no ``_manifest.json``: a run folder, a file) is
-refused even then, so overwrite never deletes what a scoring job did not write.
+deterministic, so the result is byte-identical to an uninterrupted run. A staged part of other
+columns or types (written by other code) is written again, so every part has one schema. A
+staging folder of a different job is discarded (and logged). An existing complete output of
+the same job is left as it is; of another job, it is only replaced with
+``retrieval.output.overwrite=true``. A path that holds anything but a scoring output (no
+``_manifest.json``: a run folder, a file) is refused even then, so overwrite never deletes
+what a scoring job did not write.
 """
 
 from __future__ import annotations
@@ -231,6 +233,32 @@ class PartitionedOutput:
 
     def done(self, index: int) -> bool:
         return all(self._part(index, f).exists() for f in self.formats)
+
+    def keep_parts_like(self, frame: pl.DataFrame) -> None:
+        """Discard (with a warning) each staged part whose columns or types differ from
+        ``frame``'s, what this job writes: parts left by other code (a job killed, recsys
+        upgraded, the job started again, which resumes its parts) would otherwise end up in one
+        output with parts of another schema, which a reader of the whole folder may not
+        combine (``pl.scan_parquet`` refuses an Int64 column beside Int32 ones). The job
+        writes them again."""
+        for path in sorted(self.staging.glob("part-*.parquet")):
+            try:
+                written = dict(pl.read_parquet_schema(path))
+            except (OSError, pl.exceptions.PolarsError):  # (not a Parquet file now)
+                written = "unreadable"
+            if written == dict(frame.schema):
+                continue
+            log.warning(
+                "discarding %s and writing it again: it holds columns %s, and this job writes "
+                "%s (a part left by other code)",
+                path,
+                written,
+                dict(frame.schema),
+            )
+            for file_format in self.formats:
+                self._part(int(path.stem.removeprefix("part-")), file_format).unlink(
+                    missing_ok=True
+                )
 
     def parts_done(self) -> int:
         return len(list(self.staging.glob("part-*.parquet")))

@@ -459,6 +459,7 @@ def run(
                 output.abandon()
                 raise
             timings["score/setup_seconds"] = time.perf_counter() - started
+            output.keep_parts_like(recommender.empty())  # one schema for every part
             chunks = _chunks(data, options.user_chunk_size)
             scoring_started = time.perf_counter()
             for part, rows in enumerate(tqdm(chunks, desc="score", unit="part", mininterval=2.0)):

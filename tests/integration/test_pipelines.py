@@ -373,6 +373,46 @@ def test_killed_scoring_job_resumes_to_identical_output(main_run, make_config, t
         score.run(other)
 
 
+def test_a_resumed_scoring_job_rewrites_parts_of_another_schema(
+    main_run, make_config, tmp_path, caplog
+):
+    """A killed job resumes its staged parts whatever code wrote them (the manifest's code is
+    no part of the job): a part of older code, with other types, had gone into the output
+    beside this code's (pl.scan_parquet of such a folder, rank Int64 in one part and Int32 in
+    the others, raises SchemaError). Such a part is written again, with a warning naming it."""
+    _, result = main_run
+    target = tmp_path / "out"
+    cfg = make_config(
+        "score",
+        [
+            *TINY_DATA,
+            f"model_ref={result.checkpoint}",
+            "logger=none",
+            "retrieval.user_chunk_size=40",
+            "retrieval.output.formats=[parquet,csv]",
+            f"retrieval.output.path={target}",
+        ],
+    )
+
+    def crash_after_one(part: int) -> None:
+        if part == 0:
+            raise KeyboardInterrupt("killed")
+
+    with pytest.raises(KeyboardInterrupt):
+        score.run(cfg, after_part=crash_after_one)
+    staged = tmp_path / ".out.partial" / "part-00000.parquet"
+    older = pl.read_parquet(staged).with_columns(pl.col("rank").cast(pl.Int64))  # older code
+    older.write_parquet(staged)
+    written = []
+    with caplog.at_level("WARNING", logger="recsys"):
+        score.run(cfg, after_part=written.append)
+    assert written == [0, 1, 2, 3]
+    assert f"discarding {staged} and writing it again" in caplog.text
+    schemas = [pl.read_parquet_schema(part) for part in sorted(target.glob("part-*.parquet"))]
+    assert len(schemas) == 4 and all(schema == schemas[1] for schema in schemas)
+    assert schemas[0]["rank"] == pl.Int32
+
+
 def test_faiss_scoring_job_reuses_its_cached_index(main_run, make_config, tmp_path, caplog):
     pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
     _, result = main_run
