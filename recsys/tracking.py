@@ -31,6 +31,7 @@ MLFLOW_INPUT_EXAMPLE_ADVICE = r".*An input example was not provided when logging
 
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
 URI_VARIABLE = "MLFLOW_TRACKING_URI"  # the user's store, when set: wins over logger.tracking_uri
+SERVER_SCHEMES = ("http", "https")  # a tracking server's URI: the server keeps the store
 MODEL_ARTIFACT = "model"  # the packaged MLflow model inside a training run
 
 
@@ -90,6 +91,17 @@ class Tracker:
         self.tracking_uri = os.environ.get(URI_VARIABLE) or tracking_uri
         if not self.tracking_uri:
             raise ValueError("logger.tracking_uri is empty: set it or MLFLOW_TRACKING_URI")
+        if artifact_root and is_server(self.tracking_uri) and "://" not in str(artifact_root):
+            # (a folder of this machine: the server's other clients could not read it, and
+            # the config's default, the run folder's mlartifacts/, bypassed the server's store)
+            log.info(
+                "logger.artifact_root=%s (a folder of this machine) is not used with the "
+                "tracking server %s: artifacts go to the server's artifact store (give a URI, "
+                "file:///... or s3://..., for another)",
+                artifact_root,
+                self.tracking_uri,
+            )
+            artifact_root = None
         if self.tracking_uri.startswith("sqlite:///"):
             Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(
                 parents=True, exist_ok=True
@@ -329,6 +341,13 @@ class Tracker:
         # quoted as a shell needs it: a store in a folder named with a space, say
         uri = shlex.quote(self.tracking_uri)
         return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {uri})"
+
+
+def is_server(tracking_uri: str) -> bool:
+    """``tracking_uri`` names an MLflow tracking server (``http://``, ``https://``), which
+    keeps the store and its artifacts, rather than a store this process opens itself."""
+    scheme, sep, _ = str(tracking_uri).partition("://")
+    return bool(sep) and scheme.lower() in SERVER_SCHEMES
 
 
 def code_tags() -> dict[str, str]:
