@@ -88,7 +88,7 @@ class Tracker:
             return
         from mlflow.tracking import MlflowClient
 
-        self.tracking_uri = os.environ.get(URI_VARIABLE) or tracking_uri
+        self.tracking_uri = store_uri(tracking_uri)
         if not self.tracking_uri:
             raise ValueError("logger.tracking_uri is empty: set it or MLFLOW_TRACKING_URI")
         if artifact_root and is_server(self.tracking_uri) and "://" not in str(artifact_root):
@@ -341,6 +341,63 @@ class Tracker:
         # quoted as a shell needs it: a store in a folder named with a space, say
         uri = shlex.quote(self.tracking_uri)
         return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {uri})"
+
+
+def store_uri(tracking_uri: str | None) -> str | None:
+    """The store a tracked job uses: ``MLFLOW_TRACKING_URI`` when set, else ``tracking_uri``
+    (``logger.tracking_uri``)."""
+    return os.environ.get(URI_VARIABLE) or tracking_uri
+
+
+# a tracking server's first answer, checked at a job's start: a few quick tries, not MLflow's
+# default (7 retries of up to 120 s each with a growing backoff: minutes before a job failed)
+SERVER_CHECK = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+_answered: set[str] = set()  # the servers that have answered this process's check
+
+
+def check_store(logger_cfg: Mapping[str, Any] | None) -> None:
+    """The tracking URI of a tracked job (:func:`store_uri`) is one, and a tracking server
+    there answers, before any work: an unreachable server (a wrong port, a server down, https
+    to an http one) failed the job only after MLflow's retries (minutes), and a standalone
+    scoring or evaluation only after its work; a typo (``http//host``, ``host:5000``) was read
+    as a local file store, refused with MLflow's words on file stores. A server that answered
+    once is not asked again in the process (the main job's tasks, a sweep's jobs)."""
+    if not logger_cfg or not logger_cfg.get("enabled", False):
+        return
+    where = URI_VARIABLE if os.environ.get(URI_VARIABLE) else "logger.tracking_uri"
+    uri = str(store_uri(logger_cfg.get("tracking_uri")) or "")
+    typo = re.match(r"(?i)(https?|sqlite)\b", uri) and "://" not in uri
+    if typo or re.fullmatch(r"[\w.-]+:\d+(/.*)?", uri):
+        raise ValueError(
+            f"{where}={uri!r} is not a tracking URI: a tracking server is "
+            "http://<host>:<port> (or https://...), a local store sqlite:////<absolute "
+            "path>/mlflow.db"
+        )
+    if not is_server(uri) or uri in _answered:
+        return
+    from mlflow.tracking import MlflowClient
+
+    before = {name: os.environ.get(name) for name in SERVER_CHECK}
+    os.environ.update(SERVER_CHECK)
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as err:  # MLflow's own exception types, whatever the failure
+        raise ConnectionError(
+            f"the MLflow tracking server {uri} ({where}) does not answer: {err}. Start it "
+            "(mlflow server --host <host> --port <port>) or correct the URI (host, port, http "
+            "or https); logger=none runs the job without tracking"
+        ) from err
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    _answered.add(uri)
 
 
 def is_server(tracking_uri: str) -> bool:
@@ -601,7 +658,7 @@ def resolve_model(
     except Exception as err:  # MLflow's own exception types: the run is not in the store
         raise ValueError(
             f"{option}={text!r}: no MLflow run with that id in "
-            f"{os.environ.get(URI_VARIABLE) or logger_cfg.get('tracking_uri')} "
+            f"{store_uri(logger_cfg.get('tracking_uri'))} "
             f"({type(err).__name__}). Pass a checkpoint path, a run id from `mlflow ui`, or a "
             "registered model as <name>@<alias> (a registered name needs its alias)"
         ) from err

@@ -595,3 +595,53 @@ def test_a_training_alone_stamps_its_validation_metrics_with_their_protocol(
     assert tags["protocol.candidates"] == "all items"
     assert tags["protocol.seen_items"] == "excluded (-inf)"
     assert tags["data.fingerprint"] and tags["task"] == cfg.task_name
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # (bound, never listening: refused, and free of others)
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_tracking_server_that_does_not_answer_is_refused_before_any_work(
+    make_config, tmp_path, monkeypatch
+):
+    """A server down or on another port failed a job only after MLflow's retries (7, of up to
+    120 s each, with a growing backoff: 4.5 minutes for a refused connection), and a scoring
+    job only after it had written its recommendations. Refused at the job's first check,
+    naming the URI, where it came from and the fix; the user's MLflow settings are kept."""
+    from recsys import tracking
+    from recsys.tasks import score
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setitem(tracking.SERVER_CHECK, "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "9")
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    output = tmp_path / "recs"
+    cfg = make_config(
+        "score",
+        [f"model_ref={tmp_path / 'none.ckpt'}", f"logger.tracking_uri={uri}"]
+        + [f"retrieval.output.path={output}"],
+    )
+    with pytest.raises(ConnectionError, match=f"server {uri} \\(logger.tracking_uri\\) does not"):
+        score.run(cfg)  # (before the missing checkpoint is even looked for)
+    assert not output.exists()
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "9"
+    assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(ConnectionError, match="Start it .* logger=none runs the job without"):
+        tracking.check_store({"enabled": True, "tracking_uri": "sqlite:////x/mlflow.db"})
+    tracking.check_store({"enabled": False, "tracking_uri": uri})  # tracking off: not asked
+
+
+@pytest.mark.parametrize("uri", ["http//127.0.0.1:5000", "https:/host", "host.lan:5000"])
+def test_a_tracking_uri_with_a_typo_is_named(uri, monkeypatch):
+    """http//host (or host:port) was read as a local file store: MLflow 3 refused it with a
+    notice about file stores' maintenance mode, naming neither the typo nor the key."""
+    from recsys.tracking import check_store
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(ValueError, match=f"logger.tracking_uri='{uri}' is not a tracking URI"):
+        check_store({"enabled": True, "tracking_uri": uri})
