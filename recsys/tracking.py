@@ -338,6 +338,10 @@ class Tracker:
     def describe(self) -> str:
         if not self.enabled:
             return "tracking off"
+        if is_server(self.tracking_uri):  # the server's own page of the run (mlflow ui opens
+            # a store, not a server)
+            page = f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}"
+            return f"MLflow run {self.run_id} ({page}/runs/{self.run_id})"
         # quoted as a shell needs it: a store in a folder named with a space, say
         uri = shlex.quote(self.tracking_uri)
         return f"MLflow run {self.run_id} (mlflow ui --backend-store-uri {uri})"

@@ -94,3 +94,15 @@ def test_artifacts_go_to_the_servers_store_not_a_folder_of_the_job(server, tmp_p
     fetched = Tracker(tracking_uri=uri, run_id=tracker.run_id)
     assert (fetched.download_artifacts("data", tmp_path / "got") / "stats.json").is_file()
     reader.finish()
+
+
+def test_a_run_on_a_server_is_described_by_its_page_there(server):
+    """The main job's last lines told a server's user to run `mlflow ui --backend-store-uri
+    http://...`, which opens no server's runs: it names the run's page on the server."""
+    uri, _ = server
+    tracker = Tracker(tracking_uri=f"{uri}/", experiment_name="pages")
+    page = f"{uri}/#/experiments/{tracker.experiment_id}/runs/{tracker.run_id}"
+    assert tracker.describe() == f"MLflow run {tracker.run_id} ({page})"
+    with urllib.request.urlopen(page, timeout=30) as answer:
+        assert answer.status == 200
+    tracker.finish()
