@@ -605,7 +605,8 @@ def resolve_model(
     - a checkpoint path (``.ckpt``): returned as it is;
     - ``<registered name>@<alias>`` or ``models:/<name>@<alias>``, or ``<name>/<version>``
       with the ``models:/`` prefix: the MLflow model registry;
-    - an MLflow run id: that run's packaged model (``model/``), else its ``checkpoints/``.
+    - an MLflow run id (or ``runs:/<run id>/model``, as runs record it): that run's packaged
+      model (``model/``), else its ``checkpoints/``.
 
     A model from the store is copied into a temporary folder: call :func:`done_with` on the
     returned :class:`FetchedCheckpoint` once it is loaded (a scheduled job of a GB model would
@@ -620,8 +621,21 @@ def resolve_model(
         return path, {"model.uri": str(path.absolute())}
     if path.is_dir():  # a run folder, or its checkpoints/: name the checkpoint to pass
         refuse_folder(path, option)
+    if text.startswith("runs:/"):  # a run's model URI, as runs record it (tag model.uri)
+        run_id, _, artifact = text.removeprefix("runs:/").partition("/")
+        if not run_id.isalnum() or artifact.strip("/") not in ("", MODEL_ARTIFACT):
+            raise ValueError(
+                f"{option}={text!r}: a run's model is runs:/<run id>/{MODEL_ARTIFACT}, or the "
+                "run id alone"
+            )
+        text = run_id
     registry = text.removeprefix("models:/")
     is_registry = text.startswith("models:/") or ("@" in text and "/" not in text)
+    if is_registry and "@" not in registry and "/" not in registry.strip("/"):
+        raise ValueError(
+            f"{option}={text!r} names no version of the registered model: give "
+            f"models:/{registry.strip('/')}/<version> or {registry.strip('/')}@<alias>"
+        )
     if not is_registry and (path.suffix == ".ckpt" or "/" in text or not text.isalnum()):
         raise FileNotFoundError(
             f"{option}={text!r}: no such checkpoint file. Pass a checkpoint path, an MLflow run "

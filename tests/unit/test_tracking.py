@@ -645,3 +645,30 @@ def test_a_tracking_uri_with_a_typo_is_named(uri, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(ValueError, match=f"logger.tracking_uri='{uri}' is not a tracking URI"):
         check_store({"enabled": True, "tracking_uri": uri})
+
+
+def test_a_runs_uri_as_runs_record_it_names_the_runs_model(tmp_path, monkeypatch):
+    """An evaluation or scoring run records its model as model.uri=runs:/<run id>/model (as
+    log_model and register_model return it), but that URI given back as model=, init_from or
+    a teacher was refused as 'no such checkpoint file'; and models:/<name> without a version
+    failed with 'not enough values to unpack'."""
+    from recsys.tracking import MODEL_ARTIFACT, done_with, resolve_model
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    logger = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    logger["artifact_root"] = str(tmp_path / "artifacts")
+    packaged = tmp_path / "packaged" / "artifacts"
+    packaged.mkdir(parents=True)
+    (packaged / "model.ckpt").write_bytes(b"weights")
+    run = Tracker.from_config(logger)
+    uri = f"runs:/{run.run_id}/{MODEL_ARTIFACT}"
+    run.log_artifact(packaged.parent, MODEL_ARTIFACT)
+    path, tags = resolve_model(uri, logger)
+    assert path.read_bytes() == b"weights"
+    assert tags == {"model.uri": uri, "model.run_id": run.run_id}
+    done_with(path)
+    assert resolve_model(f"runs:/{run.run_id}", logger, fetch=False)[1] == tags
+    with pytest.raises(ValueError, match=r"init_from='runs:/\w+/data': a run's model is runs:/"):
+        resolve_model(f"runs:/{run.run_id}/data", logger, "init_from")
+    with pytest.raises(ValueError, match="give models:/recs/<version> or recs@<alias>"):
+        resolve_model("models:/recs", logger)
