@@ -727,21 +727,17 @@ def _fetch_version_source(
 
 def _download_checkpoint(run_tracker: Tracker, destination: str) -> Path:
     """The run's packaged checkpoint (``model/``), else its raw one (``checkpoints/``: a run
-    logged before models were packaged), downloaded under ``destination``."""
-    try:
-        folder = run_tracker.download_artifacts(MODEL_ARTIFACT, destination)
-        candidates = sorted(folder.rglob("*.ckpt"))
-    except Exception:  # no packaged model
-        candidates = []
-    if not candidates:
-        try:
-            folder = run_tracker.download_artifacts("checkpoints", destination)
-            candidates = sorted(folder.glob("*.ckpt"))
-        except Exception:
-            candidates = []
-    if not candidates:
-        raise FileNotFoundError(
-            f"MLflow run {run_tracker.run_id} has no packaged model ({MODEL_ARTIFACT}/) and no "
-            "checkpoint"
-        )
-    return candidates[0]
+    logged before models were packaged), downloaded under ``destination``. A folder the run's
+    artifacts list is downloaded or the failure raised as it is (a download cut off, a server
+    gone: it had read as a run without a model)."""
+    for artifact, pattern in ((MODEL_ARTIFACT, "**/*.ckpt"), ("checkpoints", "*.ckpt")):
+        if run_tracker.client.list_artifacts(run_tracker.run_id, artifact):
+            folder = run_tracker.download_artifacts(artifact, destination)
+            candidates = sorted(folder.glob(pattern))
+            if candidates:
+                return candidates[0]
+    where = run_tracker.client.get_run(run_tracker.run_id).info.artifact_uri
+    raise FileNotFoundError(
+        f"MLflow run {run_tracker.run_id} has no packaged model ({MODEL_ARTIFACT}/) and no "
+        f"checkpoint in its artifacts, {where}"
+    )

@@ -672,3 +672,38 @@ def test_a_runs_uri_as_runs_record_it_names_the_runs_model(tmp_path, monkeypatch
         resolve_model(f"runs:/{run.run_id}/data", logger, "init_from")
     with pytest.raises(ValueError, match="give models:/recs/<version> or recs@<alias>"):
         resolve_model("models:/recs", logger)
+
+
+def test_a_failed_download_of_a_runs_model_is_not_read_as_a_run_without_one(tmp_path, monkeypatch):
+    """Any failure fetching a run's model/ (a download cut off, a tracking server restarted)
+    was swallowed, and the job said the run 'has no packaged model and no checkpoint': the
+    failure is raised as it is, and a run without either names where its artifacts are."""
+    import tempfile
+
+    from recsys.tracking import MODEL_ARTIFACT, resolve_model
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    logger = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    logger["artifact_root"] = str(tmp_path / "artifacts")
+    packaged = tmp_path / "packaged" / "artifacts"
+    packaged.mkdir(parents=True)
+    (packaged / "model.ckpt").write_bytes(b"weights")
+    run = Tracker.from_config(logger)
+    run.log_artifact(packaged.parent, MODEL_ARTIFACT)
+
+    def cut_off(self, artifact_path, dst):
+        raise ConnectionError("Connection reset by peer")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Tracker, "download_artifacts", cut_off)
+        with pytest.raises(ConnectionError, match="Connection reset by peer"):
+            resolve_model(run.run_id, logger)
+    assert list(scratch.iterdir()) == []
+    empty = Tracker.from_config(logger)
+    with pytest.raises(
+        FileNotFoundError, match=f"no checkpoint in its artifacts, .*{empty.run_id}"
+    ):
+        resolve_model(empty.run_id, logger)
