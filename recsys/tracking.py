@@ -671,9 +671,13 @@ def resolve_model(
     else:
         run_id = text
         tags = {"model.uri": f"runs:/{run_id}/{MODEL_ARTIFACT}"}
+    from mlflow.exceptions import MlflowException
+
     try:
         run_tracker = Tracker.from_config(logger_cfg, run_id=run_id)
-    except Exception as err:  # MLflow's own exception types: the run is not in the store
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":  # (a server gone, say: raised as it is)
+            raise
         raise ValueError(
             f"{option}={text!r}: no MLflow run with that id in "
             f"{store_uri(logger_cfg.get('tracking_uri'))} "

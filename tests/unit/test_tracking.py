@@ -707,3 +707,27 @@ def test_a_failed_download_of_a_runs_model_is_not_read_as_a_run_without_one(tmp_
         FileNotFoundError, match=f"no checkpoint in its artifacts, .*{empty.run_id}"
     ):
         resolve_model(empty.run_id, logger)
+
+
+def test_a_store_that_fails_is_not_read_as_a_run_id_it_does_not_hold(tmp_path, monkeypatch):
+    """Any failure looking a run up (a tracking server gone after MLflow's retries, a store
+    that cannot be opened) was reported as 'no MLflow run with that id', naming only the
+    exception's type: the failure is raised as it is; an unknown id is still named."""
+    from mlflow.exceptions import MlflowException
+
+    from recsys.tracking import resolve_model
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    logger = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    run_id = "0123abcd0123abcd0123abcd0123abcd"
+    with pytest.raises(ValueError, match=f"model='{run_id}': no MLflow run with that id in sq"):
+        resolve_model(run_id, logger)
+
+    def gone(self, run_id):
+        raise MlflowException("API request to http://host:5000/api/2.0/mlflow/runs/get failed")
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setattr(MlflowClient, "get_run", gone)
+    with pytest.raises(MlflowException, match="runs/get failed"):
+        resolve_model(run_id, logger)
