@@ -556,7 +556,8 @@ def check_registry(logger_cfg: Mapping[str, Any] | None) -> None:
 @contextmanager
 def use_tracker(tracker: Tracker | None, logger_cfg: Mapping[str, Any] | None, **kwargs: Any):
     """Yield ``tracker``, or a new one from ``logger_cfg`` that is closed (FINISHED / FAILED)
-    on exit; a tracker passed in belongs to the caller and stays open."""
+    on exit; a tracker passed in belongs to the caller and stays open. A run that cannot be
+    marked FAILED is named in a warning, and the block's own failure raised."""
     if tracker is not None:
         yield tracker
         return
@@ -564,7 +565,12 @@ def use_tracker(tracker: Tracker | None, logger_cfg: Mapping[str, Any] | None, *
     try:
         yield tracker
     except BaseException:
-        tracker.finish("FAILED")
+        # (the job's own failure is what it fails with: a tracking server gone took its place,
+        # a SIGTERM's exit status 143 among it)
+        try:
+            tracker.finish("FAILED")
+        except Exception as err:
+            log.warning("MLflow run %s could not be marked FAILED: %s", tracker.run_id, err)
         raise
     tracker.finish()
 

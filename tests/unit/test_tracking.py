@@ -731,3 +731,32 @@ def test_a_store_that_fails_is_not_read_as_a_run_id_it_does_not_hold(tmp_path, m
     monkeypatch.setattr(MlflowClient, "get_run", gone)
     with pytest.raises(MlflowException, match="runs/get failed"):
         resolve_model(run_id, logger)
+
+
+def test_a_failed_job_fails_with_its_own_error_when_its_run_cannot_be_closed(
+    tmp_path, monkeypatch, caplog
+):
+    """A job failing while its tracking server was gone (the server lost mid-training, a
+    SIGTERM then) tried to mark its run FAILED, which failed too: the job then failed with
+    that MLflow error, its log naming it instead of the job's failure, and a SIGTERM's exit
+    status 143 became 1. The job's own failure is raised, the unclosed run named."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from recsys.tracking import use_tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    logger = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+
+    def gone(self, run_id, status=None, end_time=None):
+        raise MlflowException("API request to http://host:5000/api/2.0/mlflow/runs/update failed")
+
+    monkeypatch.setattr(MlflowClient, "set_terminated", gone)
+    with (
+        caplog.at_level("WARNING", logger="recsys.tracking"),
+        pytest.raises(SystemExit) as exit_,
+        use_tracker(None, logger) as tracker,
+    ):
+        raise SystemExit(143)
+    assert exit_.value.code == 143
+    assert f"MLflow run {tracker.run_id} could not be marked FAILED: API request" in caplog.text
