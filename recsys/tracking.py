@@ -126,6 +126,8 @@ class Tracker:
                 )
                 if experiment is not None and artifact_root:
                     _note_artifact_root(experiment, artifact_root)
+                if experiment is not None and not artifact_root and is_server(self.tracking_uri):
+                    _note_local_artifacts(experiment, self.tracking_uri)  # (not one asked for)
         if not run_id:  # (a new run says which code made it; one attached to keeps its own)
             run = self.client.create_run(
                 self.experiment_id, run_name=run_name, tags={**code_tags(), **dict(tags or {})}
@@ -484,6 +486,23 @@ def _note_artifact_root(experiment: Any, artifact_root: str) -> None:
             "(logger.experiment_name=...)",
             artifact_root,
             experiment.name,
+            where,
+        )
+
+
+def _note_local_artifacts(experiment: Any, tracking_uri: str) -> None:
+    """An experiment on a tracking server whose artifacts go to a folder (as recsys created
+    them there before it left the folder of ``logger.artifact_root`` out): each job writes its
+    artifacts, models included, on its own machine, where no other machine fetches them."""
+    where = str(experiment.artifact_location)
+    if where.startswith(("/", "file:")):
+        log.warning(
+            "MLflow experiment %r on the tracking server %s keeps its artifacts in the folder "
+            "%s of each machine that logs to it, not in the server's store: models this job "
+            "logs can be fetched on this machine only; a new experiment "
+            "(logger.experiment_name=...) keeps them on the server",
+            experiment.name,
+            tracking_uri,
             where,
         )
 

@@ -106,3 +106,25 @@ def test_a_run_on_a_server_is_described_by_its_page_there(server):
     with urllib.request.urlopen(page, timeout=30) as answer:
         assert answer.status == 200
     tracker.finish()
+
+
+def test_an_experiment_keeping_artifacts_in_a_folder_of_each_machine_is_named(
+    server, tmp_path, caplog
+):
+    """An experiment recsys created on a server before it left logger.artifact_root's folder
+    out keeps that folder: every job went on writing its models to its own machine, silently."""
+    uri, _ = server
+    Tracker(tracking_uri=uri, experiment_name="served").finish()
+    folder = str(tmp_path / "outputs" / "mlartifacts")
+    Tracker(tracking_uri=uri, experiment_name="old").client.create_experiment("local", folder)
+    with caplog.at_level(logging.WARNING, logger="recsys.tracking"):
+        Tracker(tracking_uri=uri, experiment_name="served").finish()
+        shared = f"file://{tmp_path / 'shared'}"  # a folder asked for (a share): as asked
+        Tracker(tracking_uri=uri, experiment_name="share", artifact_root=shared).finish()
+        Tracker(tracking_uri=uri, experiment_name="share", artifact_root=shared).finish()
+        assert "of each machine" not in caplog.text
+        Tracker(tracking_uri=uri, experiment_name="local").finish()
+    assert f"MLflow experiment 'local' on the tracking server {uri} keeps its artifacts in " in (
+        caplog.text
+    )
+    assert f"the folder {folder} of each machine" in caplog.text
