@@ -479,7 +479,8 @@ def _note_artifact_root(experiment: Any, artifact_root: str) -> None:
     """MLflow fixes an experiment's artifact folder when it is created: a later
     ``logger.artifact_root`` is not applied, and the user is told where artifacts go."""
     where = str(experiment.artifact_location)
-    if where.removeprefix("file://").rstrip("/") != str(artifact_root).rstrip("/"):
+    given = str(artifact_root).removeprefix("file://").rstrip("/")  # (a folder as a URI too)
+    if where.removeprefix("file://").rstrip("/") != given:
         log.warning(
             "logger.artifact_root=%s is not applied: MLflow experiment %r keeps the artifact "
             "folder it was created with (%s); a new folder needs a new experiment "

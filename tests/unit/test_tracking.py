@@ -173,6 +173,21 @@ def test_an_artifact_root_the_experiment_cannot_take_is_named(tmp_path, monkeypa
     )
 
 
+def test_an_artifact_root_given_as_a_file_uri_is_not_named_as_unapplied(
+    tmp_path, monkeypatch, caplog
+):
+    """logger.artifact_root=file:///shared/... (a folder as a URI, as a tracking server needs
+    one) was compared with the experiment's folder without its file:// only: every job into
+    the experiment created with it warned that it was not applied."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri, shared = f"sqlite:///{tmp_path / 'mlflow.db'}", f"file://{tmp_path / 'shared'}"
+    Tracker(tracking_uri=uri, experiment_name="t", artifact_root=shared).finish()
+    with caplog.at_level("WARNING", logger="recsys.tracking"):
+        Tracker(tracking_uri=uri, experiment_name="t", artifact_root=shared).finish()
+        Tracker(tracking_uri=uri, experiment_name="t", artifact_root=f"{shared}/").finish()
+    assert "is not applied" not in caplog.text
+
+
 def test_environment_variable_wins(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'env.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
