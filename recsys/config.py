@@ -297,14 +297,15 @@ def _sweep_job_config(loader: Any, sweep: DictConfig, job: list[str], number: in
     return task
 
 
-def check_required(cfg: DictConfig, *, model_given: bool = False) -> None:
+def check_required(cfg: DictConfig, *, model_given: bool = False, tracked: bool = True) -> None:
     """Refuse a config whose mandatory values (``???``: ``data.source`` of ``data=events_file``,
     ``model=`` of score / evaluate) are not set, naming each and how to give it, before any
     work: OmegaConf would otherwise stop the job midway with ``MissingMandatoryValue``. So are
     keys nothing would read: a misspelt top-level key, or ``logger`` key (every task has one),
     and a tracking URI that names no store or a server that does not answer
     (:func:`recsys.tracking.check_store`). ``model_given``: the caller passes the checkpoint
-    itself (``model=`` is not read)."""
+    itself (``model=`` is not read); ``tracked`` False: the task opens no MLflow run (a
+    preparation), so its store is not asked."""
     from recsys.tracking import check_logger_keys, check_store
 
     plain = OmegaConf.to_container(cfg, resolve=False)
@@ -315,7 +316,8 @@ def check_required(cfg: DictConfig, *, model_given: bool = False) -> None:
         given = "; ".join(REQUIRED.get(key, f"{key}=...") for key in missing)
         names = ", ".join("model=" if key == "model_ref" else key for key in missing)
         raise ValueError(f"{names} not set: give {given}")
-    check_store(cfg.get("logger"))  # a tracking server that does not answer: before any work
+    if tracked:  # a tracking server that does not answer: before any work
+        check_store(cfg.get("logger"))
 
 
 # every top-level key of conf/config.yaml, conf/evaluate.yaml and conf/score.yaml

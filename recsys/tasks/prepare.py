@@ -254,7 +254,7 @@ def _flat_differences(prefix: str, was: Any, now: Any) -> Iterator[tuple[str, An
 def check_config(cfg: DictConfig) -> None:
     """A preparation's config checks that need no data, for each job of a ``-m`` sweep before
     the first starts (:class:`recsys.config.CheckSweep`), as a training's are."""
-    check_required(cfg)
+    check_required(cfg, tracked=False)  # (a preparation opens no MLflow run)
     event_schema(cfg.data)
     prepare_settings(cfg.data)
 
@@ -263,7 +263,7 @@ def run(cfg: DictConfig, out_dir: str | Path | None = None) -> Path:
     """Prepare ``data.source`` into ``out_dir`` (default: ``data.prepared_dir`` when set, as
     ``python -m pipelines.prepare data.prepared_dir=<folder>`` makes the folder that
     ``pipelines.train data.prepared_dir=<folder>`` reuses; else ``<run dir>/prepared``)."""
-    check_required(cfg)
+    check_required(cfg, tracked=False)  # (a preparation opens no MLflow run)
     out_dir = out_dir or cfg.data.prepared_dir or Path(cfg.paths.run_dir) / "prepared"
     out_dir = Path(out_dir).expanduser()
     prepare_dataset(

@@ -775,3 +775,20 @@ def test_a_failed_job_fails_with_its_own_error_when_its_run_cannot_be_closed(
         raise SystemExit(143)
     assert exit_.value.code == 143
     assert f"MLflow run {tracker.run_id} could not be marked FAILED: API request" in caplog.text
+
+
+def test_a_preparation_which_opens_no_run_does_not_ask_the_tracking_server(
+    make_config, monkeypatch
+):
+    """pipelines.prepare tracks nothing: a tracking server down is no reason to refuse it
+    (a training of the same config is refused)."""
+    from recsys import tracking
+    from recsys.tasks import prepare, train
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setitem(tracking.SERVER_CHECK, "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    cfg = make_config("config", ["experiment=tiny", f"logger.tracking_uri={uri}"])
+    prepare.check_config(cfg)
+    with pytest.raises(ConnectionError, match=f"server {uri} \\(logger.tracking_uri\\)"):
+        train.check_config(cfg)
