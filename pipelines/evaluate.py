@@ -1,4 +1,5 @@
-"""a checkpoint or MLflow run on the test targets, beside popularity.
+"""a trained model (checkpoint, MLflow run or name@alias) on the test targets (splits=[val,test]
+adds the validation ones), beside the popularity and transition baselines.
 
 python -m pipelines.evaluate model=<checkpoint path | MLflow run id | name@alias> [overrides]
 """

@@ -1,4 +1,5 @@
-"""a checkpoint or MLflow run + an event log → recommendations file.
+"""a trained model (checkpoint, MLflow run or name@alias) + an event log → recommendations
+folder (retrieval.output.path: part-*.parquet, _summary.json, _plots/).
 
 python -m pipelines.score model=<checkpoint path | MLflow run id | name@alias> [overrides]
 """
