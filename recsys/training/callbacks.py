@@ -300,8 +300,8 @@ class StopOnDivergence(pl.Callback):
             shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
             what = f"the weights were not finite (NaN or inf) after its last step ({shown})"
         self._finite = None
-        raise FloatingPointError(
-            f"training diverged: {what} in epoch {trainer.current_epoch}, so the weights are "
+        raise FloatingPointError(  # (epochs counted from 1, as the epoch log lines count them)
+            f"training diverged: {what} in epoch {trainer.current_epoch + 1}, so the weights are "
             "no longer numbers; stopped before validating or saving them. Lower the learning "
             "rate or the weight decay, or clip the gradients harder"
             + (f" ({self.settings})" if self.settings else "")

@@ -67,7 +67,9 @@ def test_stop_on_divergence_reads_the_epochs_losses_once_and_names_the_settings(
     guard.on_validation_start(trainer, None)  # all finite
     guard.on_train_batch_end(trainer, None, torch.tensor(float("inf")), None, 0)
     guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(0.1)}, None, 0)
-    with pytest.raises(FloatingPointError, match=r"in epoch 3, .* \(training.optimizer.lr=1000000"):
+    # current_epoch counts from 0, the epoch log ("epoch 4/40, train/loss ...") and the SIGTERM
+    # message from 1: the fourth epoch is named epoch 4 in all of them
+    with pytest.raises(FloatingPointError, match=r"in epoch 4, .* \(training.optimizer.lr=1000000"):
         guard.on_validation_start(trainer, None)
     guard.on_train_epoch_start(trainer, None)  # a new epoch starts clean
     guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 0)
@@ -91,7 +93,7 @@ def test_stop_on_divergence_reads_the_weights_the_last_step_left():
     with torch.no_grad():
         module[1].weight[0, 1] = float("inf")
     message = r"the weights were not finite \(NaN or inf\) after its last step \(1.weight\) in"
-    with pytest.raises(FloatingPointError, match=message + r" epoch 0, .*weight_decay=1e300"):
+    with pytest.raises(FloatingPointError, match=message + r" epoch 1, .*weight_decay=1e300"):
         guard.on_validation_start(trainer, module)
     with pytest.raises(FloatingPointError, match=message):
         guard.on_train_epoch_end(trainer, module)
