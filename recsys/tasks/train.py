@@ -734,6 +734,42 @@ RESTORED_ON_RESUME = (
 )
 
 
+def note_restored_settings(cfg: DictConfig, checkpoint: Path) -> None:
+    """Name in a warning the :data:`RESTORED_ON_RESUME` settings of ``cfg`` that differ from
+    the state ``checkpoint`` restores (the optimiser's hyperparameters, early stopping's
+    patience): Lightning continues those from the checkpoint, so a new value is not applied.
+    A tracked run that continues the interrupted one names them from its logged parameters
+    (:meth:`recsys.tracking.Tracker.log_params`); without one (``logger=none``, or a store
+    that lacks that run) they were not applied without a word."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    kept: dict[str, tuple[Any, Any]] = {}
+    groups = [g for s in state.get("optimizer_states") or [] for g in s.get("param_groups", [])]
+    optimizer = to_container(cfg.training.get("optimizer")) or {}
+    if groups and isinstance(optimizer, Mapping):
+        saved = groups[0]
+        for key, given in optimizer.items():
+            # (a scheduler keeps the configured learning rate as initial_lr)
+            was = saved.get("initial_lr" if key == "lr" and "initial_lr" in saved else key)
+            if key.startswith("_") or was is None or given is None:
+                continue
+            if isinstance(was, (list, tuple)) and isinstance(given, (list, tuple)):
+                differs = list(was) != list(given)
+            else:
+                differs = was != given
+            if differs:
+                kept[f"training.optimizer.{key}"] = (was, given)
+    patience = ((cfg.get("callbacks") or {}).get("early_stopping") or {}).get("patience")
+    for name, callback in (state.get("callbacks") or {}).items():
+        was = callback.get("patience") if isinstance(callback, Mapping) else None
+        if name.startswith("EarlyStopping") and was is not None and patience not in (None, was):
+            kept["callbacks.early_stopping.patience"] = (was, patience)
+    if kept:
+        log.warning(
+            "not applied to the resumed training, which continues from its checkpoint: %s",
+            ", ".join(f"{k} {was} (given {given})" for k, (was, given) in sorted(kept.items())),
+        )
+
+
 def last_checkpoint_path(cfg: DictConfig) -> Path | None:
     """The checkpoint ``resume=last`` continues from (``callbacks.last_checkpoint``'s file,
     written after every epoch); None without that callback."""
@@ -1420,6 +1456,8 @@ def _run(
         if resume is not None:
             tracker.set_tags({"train.resumed_from": str(resume)})
             log.info("resuming training from %s", resume)
+            if tracker.run_id is None or tracker.run_id != resumed_run_id(cfg):
+                note_restored_settings(cfg, resume)  # (a continued run's params name them)
         if tracker.run_id is not None:  # a later resume continues this run
             module.checkpoint_extra[RUN_ID_KEY] = tracker.run_id
         log_run_inputs(tracker, cfg, prepared_dir)

@@ -1067,6 +1067,37 @@ def test_a_run_folder_moved_before_its_resume_continues_its_own_checkpoints(make
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["epoch"] == 1
 
 
+def test_a_resume_without_tracking_names_the_settings_its_checkpoint_keeps(make_config, caplog):
+    """A resumed training continues its optimiser and early stopping's patience from the
+    checkpoint (Lightning restores them), so a new learning rate or patience is not applied.
+    A tracked run that continues the interrupted one names them in a warning (comparing its
+    logged parameters); with logger=none they were not applied without a word. They are now
+    compared with the checkpoint's own state and named the same way."""
+    base = [*TINY, "logger=none", "callbacks.early_stopping.patience=50"]
+    train.run(make_config("config", [*base, "trainer.max_epochs=1"]))
+    last = Path(make_config("config", base).paths.run_dir) / "checkpoints" / "last.ckpt"
+    changed = [
+        *TINY,
+        "logger=none",
+        "trainer.max_epochs=2",
+        "resume=last",
+        "training.optimizer.lr=0.002",
+        "callbacks.early_stopping.patience=7",
+    ]
+    with caplog.at_level("WARNING", logger="recsys.tasks.train"):
+        train.run(make_config("config", changed))
+    message = "not applied to the resumed training, which continues from its checkpoint"
+    assert message in caplog.text
+    assert "training.optimizer.lr 0.001 (given 0.002)" in caplog.text
+    assert "callbacks.early_stopping.patience 50 (given 7)" in caplog.text
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["optimizer_states"][0]["param_groups"][0]["lr"] == 0.001  # as the warning says
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="recsys.tasks.train"):  # nothing changed: no word
+        train.run(make_config("config", [*base, "trainer.max_epochs=3", "resume=last"]))
+    assert message not in caplog.text
+
+
 def test_a_training_interrupted_before_an_upgrade_resumes_after_it(make_config):
     """A run folder whose prepared data an earlier recsys wrote (no format recorded, which
     this version refuses to read) is resumed: the log is prepared again for the fingerprint
