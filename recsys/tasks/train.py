@@ -741,7 +741,11 @@ def note_restored_settings(cfg: DictConfig, checkpoint: Path) -> None:
     A tracked run that continues the interrupted one names them from its logged parameters
     (:meth:`recsys.tracking.Tracker.log_params`); without one (``logger=none``, or a store
     that lacks that run) they were not applied without a word."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as err:  # (advice only: the resume itself loads the checkpoint its way)
+        log.debug("resume settings not compared with %s: %s", checkpoint, err)
+        return
     kept: dict[str, tuple[Any, Any]] = {}
     groups = [g for s in state.get("optimizer_states") or [] for g in s.get("param_groups", [])]
     optimizer = to_container(cfg.training.get("optimizer")) or {}
