@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import io
 import json
+import logging
 import pickle
 import zipfile
 from dataclasses import asdict, dataclass
@@ -25,6 +26,8 @@ from recsys.data.vocab import Vocab
 from recsys.model.transition import TransitionPrior
 from recsys.retrieval.output import write_atomically
 from recsys.schema import EventSchema
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "recsys"
 # The recsys entry's format (its format_version). One without it was written before it was
@@ -63,6 +66,20 @@ class LoadedModel:
     # the code that trained it (recsys.code_version()); None: written before it was recorded
     code: dict | None = None
     run_id: str | None = None  # the MLflow run that trained it (None: tracking was off)
+
+    def never_recommended(self) -> list[int]:
+        """Item indices never to recommend or serve, named in a warning: those whose id
+        preparation now reads as a missing one (:meth:`Vocab.missing_id_indices`, ``""``),
+        which a model of an earlier recsys learnt as an item."""
+        missing = self.vocab.missing_id_indices()
+        if missing:
+            log.warning(
+                'the model %s holds the item id "" (an empty text id), which recsys now reads '
+                "as a missing id (data.bad_rows.null_id): it learnt it as an item before that "
+                "rule, and it is never recommended; retrain the model on the log to drop it",
+                self.path,
+            )
+        return missing
 
 
 def checkpoint_extra(

@@ -36,7 +36,9 @@ Serving contract. An export folder holds:
 - ``item_table.pt``: ``{"keys": (I, D) float32, "bias": (I,) float32}``, saved with
   ``torch.save`` and loadable with ``torch.load(..., weights_only=True)``. Row ``i`` is item
   vocabulary index ``i``; ``bias`` already holds -inf for PAD (0) and UNK (1), so they are never
-  recommended. Scores over the whole catalogue are::
+  recommended, and for an item whose id recsys now reads as missing (``""``, which a model of an
+  earlier recsys may hold), which scoring never recommends either. Scores over the whole
+  catalogue are::
 
       scores = query @ keys.T + bias        # (B, I); top-k of each row = recommendations
 
@@ -76,6 +78,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import shutil
 import uuid
 import warnings
@@ -291,6 +294,8 @@ def export_model(
     with torch.no_grad():
         keys = encoder.item_keys().detach().clone().contiguous()  # (I, D)
         bias = _item_bias(encoder, keys).detach().clone().contiguous()  # (I,)
+        if loaded is not None:  # as scoring: an item id now read as missing is never served
+            bias[loaded.never_recommended()] = -math.inf
         user_encoder = _script_encoder(encoder, max_seq_len, config)
     _warn_if_zero_bucket_is_not_none(encoder)
 
@@ -562,7 +567,8 @@ def _metadata(
             "format": "torch.save dict; torch.load(path, weights_only=True)",
             "keys": {"shape": [num_items, dim], "dtype": str(keys.dtype).removeprefix("torch.")},
             "bias": {"shape": [num_items], "dtype": str(bias.dtype).removeprefix("torch.")},
-            "row": "item vocabulary index; 0 = PAD and 1 = UNK have bias -inf",
+            "row": "item vocabulary index; 0 = PAD and 1 = UNK (and an item id read as missing, "
+            '"") have bias -inf',
         },
         "scoring": f"{SCORING}  # (B, I); take the top-k of each row",
     }

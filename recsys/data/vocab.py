@@ -32,6 +32,7 @@ from recsys.data.validate import (
     SEPARATOR_EXAMPLE,
     SEPARATOR_ROWS,
     attribute_sets,
+    canonical_ids,
 )
 from recsys.schema import ATTRIBUTES, ITEM, NUM_RESERVED, PAD_IDX, TIMESTAMP, UNK_IDX
 
@@ -330,6 +331,15 @@ class Vocab:
     def item_ids(self) -> list:
         """Raw item id for every item index; PAD and UNK are ``None``."""
         return [None, None, *self.items[ITEM].to_list()]
+
+    def missing_id_indices(self) -> list[int]:
+        """Item indices whose id preparation now reads as a missing one
+        (:func:`~recsys.data.validate.canonical_ids`: an empty text id ``""``), which a
+        vocabulary prepared before that rule holds as an item like any other."""
+        ids = canonical_ids(ITEM, self.items.schema[ITEM])
+        if ids is None:
+            return []
+        return self.items.filter(ids.is_null() & pl.col(ITEM).is_not_null())[INDEX].to_list()
 
     # -- persistence ------------------------------------------------------------------------
     def save(self, folder: str | Path) -> None:

@@ -250,7 +250,9 @@ class Recommender:
         self.device = torch.device(device)
         self.encoder = model.encoder.to(self.device).eval()
         catalogue = data.catalogue
-        self.blocked = rules.blocked(catalogue).to(self.device)
+        self.blocked = rules.blocked(catalogue)
+        self.blocked[model.never_recommended()] = True  # (a model item's index is its own)
+        self.blocked = self.blocked.to(self.device)
         recommendable = int((~self.blocked).sum())
         if options.top_k > recommendable:
             log.warning(

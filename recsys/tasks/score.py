@@ -432,11 +432,16 @@ def run(
     # the item table's content: another table gives new items other categories (a key only
     # with a table, so the jobs without one keep the manifests they always had)
     items = {} if job.item_table is None else {"items": events_fingerprint(job.item_table)}
+    # a model of an earlier recsys that holds an item id now read as missing (""), which that
+    # recsys recommended and this one never does: parts it staged are of another job (a key
+    # only for such a model, so the others keep their manifests)
+    missing = {"missing_item_ids": "never recommended"} if model.vocab.missing_id_indices() else {}
     output_cfg = retrieval.get("output") or {}
     job = {
         "model": model_digest(model),
         "data": fingerprint,
         **items,
+        **missing,
         "as_of": str(as_of),
         "options": {k: v for k, v in retrieval.items() if k not in ("output", "accelerator")},
         "formats": output_cfg.get("formats", ["parquet"]),

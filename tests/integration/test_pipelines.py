@@ -413,6 +413,53 @@ def test_a_resumed_scoring_job_rewrites_parts_of_another_schema(
     assert schemas[0]["rank"] == pl.Int32
 
 
+def test_a_job_of_a_model_holding_an_empty_item_id_resumes_no_part_that_recommends_it(
+    main_run, make_config, tmp_path, monkeypatch
+):
+    """A model of a recsys before an empty text id read as missing holds "" as an item, which
+    that recsys recommended and this one never does. A staging folder the earlier code left
+    (killed after its first part) was resumed as the same job, so the output mixed a part
+    recommending "" with parts that never do. Such a model's job is now another job."""
+    from recsys.data.vocab import Vocab
+
+    _, result = main_run
+    checkpoint = torch.load(result.checkpoint, map_location="cpu", weights_only=False)
+    vocab = checkpoint["recsys"]["vocab"]
+    lost = vocab["item_id"][0]
+    vocab["item_id"] = ["" if i == lost else str(i) for i in vocab["item_id"]]
+    vocab["item_id_type"] = "String"
+    old = tmp_path / "empty-id.ckpt"
+    torch.save(checkpoint, old)
+    target = tmp_path / "out"
+    cfg = make_config(
+        "score",
+        [
+            *TINY_DATA,
+            f"model_ref={old}",
+            "logger=none",
+            "retrieval.user_chunk_size=40",
+            f"retrieval.top_k={len(vocab['item_id'])}",  # every item: "" in every model list
+            "retrieval.rules.exclude=none",
+            f"retrieval.output.path={target}",
+        ],
+    )
+
+    def crash_after_one(part: int) -> None:
+        if part == 0:
+            raise KeyboardInterrupt("killed")
+
+    with monkeypatch.context() as earlier:  # the earlier code: "" is an item like any other
+        earlier.setattr(Vocab, "missing_id_indices", lambda self: [])
+        with pytest.raises(KeyboardInterrupt):
+            score.run(cfg, after_part=crash_after_one)
+    staged = pl.read_parquet(tmp_path / ".out.partial" / "part-00000.parquet")
+    assert not staged.filter(pl.col("item_id") == "").is_empty()
+    written = []
+    score.run(cfg, after_part=written.append)
+    assert written == [0, 1, 2, 3]
+    assert read_parts(target).filter(pl.col("item_id") == "").is_empty()
+
+
 def test_faiss_scoring_job_reuses_its_cached_index(main_run, make_config, tmp_path, caplog):
     pytest.importorskip("faiss", reason="faiss is optional: pip install 'recsys[ann]'")
     _, result = main_run

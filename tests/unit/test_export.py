@@ -23,7 +23,7 @@ from recsys.model import ATRank
 from recsys.model.gru4rec import GRU4Rec
 from recsys.model.sasrec import SASRec
 from recsys.model.transition import TransitionCounts, TransitionPrior
-from recsys.schema import PAD_IDX, UNK_IDX, EventSchema
+from recsys.schema import NUM_RESERVED, PAD_IDX, UNK_IDX, EventSchema
 
 # TorchScript is deprecated in recent torch; the export still works and is what is tested here.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -359,6 +359,33 @@ def test_loaded_checkpoint_exports_with_its_vocabulary(tmp_path):
         load_exported(tmp_path / "export").score(*batch.model_inputs()),
         python_scores(loaded.encoder, *batch.model_inputs()),
     )
+
+
+def test_an_empty_item_id_of_an_earlier_vocabulary_is_never_served(tmp_path, caplog):
+    """A model of a recsys before an empty text id read as missing holds "" as an item: the
+    export served it (vocab.json's "" at its index, a finite bias) where scoring never
+    recommends it. Its bias is -inf, as PAD's and UNK's, with the scoring job's warning."""
+    encoder = make_encoder("atrank")
+    loaded = load_checkpoint(write_checkpoint(encoder, encoder.config, tmp_path / "model.ckpt"))
+    plain = loaded.vocab.to_plain()
+    plain["item_id"] = ["" if i == "item5" else i for i in plain["item_id"]]
+    old = dataclasses.replace(loaded, vocab=Vocab.from_plain(plain))
+    with caplog.at_level("WARNING"):
+        files = export_model(old, tmp_path / "export")
+    assert 'item id ""' in caplog.text
+    assert json.loads(Path(files["vocab"]).read_text())["item_id"][5 - 2] == ""
+    served = load_exported(tmp_path / "export")
+    assert served.bias[5] == -math.inf and torch.isfinite(served.bias[NUM_RESERVED:]).sum() == (
+        SIZES["num_items"] - NUM_RESERVED - 1
+    )
+    batch = make_batch([4, 8], 8, seed=7)
+    got, expected = (
+        served.score(*batch.model_inputs()),
+        python_scores(loaded.encoder, *batch.model_inputs()),
+    )
+    assert torch.isneginf(got[:, 5]).all()
+    others = [i for i in range(SIZES["num_items"]) if i != 5]
+    assert_same_scores(got[:, others], expected[:, others])
 
 
 def test_a_trained_rerank_head_is_named_not_silently_dropped(tmp_path, caplog):

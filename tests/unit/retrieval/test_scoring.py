@@ -656,6 +656,32 @@ def test_log_of_another_shop_is_refused(setup):
         _score(model, other)
 
 
+def test_an_empty_item_id_of_an_earlier_vocabulary_is_never_recommended(setup, caplog):
+    """A model trained before an empty text id was read as a missing one (an export's lost
+    item id, "") holds "" as an item of its vocabulary; after the upgrade the log's "" rows are
+    null_id bad rows, but scoring recommended the "" item to every user whose list reached it,
+    an id recsys itself now reads as missing. It is now never recommended, with a warning
+    naming it and the fix."""
+    model, events = setup
+    plain = model.vocab.to_plain()
+    lost = plain["item_id"][0]
+    ids = ["" if i == lost else str(i) for i in plain["item_id"]]
+    old = dataclasses.replace(
+        model, vocab=Vocab.from_plain({**plain, "item_id": ids, "item_id_type": "String"})
+    )
+    log = events.filter(pl.col(ITEM) != lost).with_columns(pl.col(ITEM).cast(pl.String))
+    everything = {"top_k": len(ids), "rules": {"exclude": "none"}}
+    with caplog.at_level("WARNING"):
+        frame = recommend_frame(old, log, retrieval=everything)
+    assert frame.height and frame.filter(pl.col(ITEM) == "").is_empty()
+    assert frame.filter(pl.col(ITEM).is_null()).is_empty()
+    denied = recommend_frame(
+        old, log, retrieval={**everything, "rules": {"exclude": "none", "deny_list": [""]}}
+    )
+    assert_frame_equal(frame, denied)  # as if deny-listed: the other items' lists unchanged
+    assert 'item id ""' in caplog.text and "retrain" in caplog.text
+
+
 @pytest.mark.parametrize("frame", ["polars", "pandas"])
 def test_categorical_item_ids_score_as_their_ids(setup, frame):
     """An item column of categories (pandas ``category``, a dictionary-encoded Parquet column)
