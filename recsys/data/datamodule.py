@@ -21,7 +21,9 @@ from recsys.data.dataset import (
 from recsys.data.io import DataError, cast_ids
 from recsys.data.pipeline import SEQUENCES_FILE, load_stats
 from recsys.data.sequences import TimeBuckets
+from recsys.data.validate import canonical_ids
 from recsys.data.vocab import Vocab
+from recsys.schema import USER
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,27 @@ class SeqRecDataModule(pl.LightningDataModule):
                 len(self.store.item),
                 self.prepared_dir,
                 time.perf_counter() - start,
+            )
+            self._warn_of_missing_ids()
+
+    def _warn_of_missing_ids(self) -> None:
+        """Name the ids of this folder that preparation now reads as missing
+        (:func:`~recsys.data.validate.canonical_ids`: ``""``), which a folder of an earlier
+        recsys holds as a user or an item like any other."""
+        users = canonical_ids(USER, self.store.user_id.dtype)
+        held = []
+        if users is not None and self.store.user_id.to_frame().select(users.is_null().any()).item():
+            held.append('the user id ""')
+        if self.vocab.missing_id_indices():
+            held.append('the item id ""')
+        if held:
+            log.warning(
+                "%s holds %s, an empty text id, which recsys now reads as a missing one "
+                '(data.bad_rows.null_id): an earlier recsys prepared the folder, taking "" as '
+                "an id like any other, and a model trained or evaluated on it counts those "
+                "events; prepare the log again to leave them out",
+                self.prepared_dir,
+                " and ".join(held),
             )
 
     def _settings(self) -> dict:

@@ -1003,3 +1003,41 @@ def test_paths_starting_with_a_tilde_are_the_home_folders(tmp_path, monkeypatch)
         prepared(cfg)
     locate = io.row_locator("~/logs/*.parquet", SCHEMA)  # (the rows of a glob's files)
     assert locate(0) == "row 0 of a.parquet"
+
+
+def test_a_folder_an_earlier_recsys_prepared_with_empty_ids_is_named_as_it_is_read(
+    tmp_path, monkeypatch, caplog
+):
+    """Before an empty text id read as missing, a log's "" ids (an anonymous visitor, a lost
+    item id) were prepared as one user and one item like any other. Such a folder, reused with
+    data.prepared_dir (or a run folder resumed), was trained and evaluated on without a word,
+    though a preparation of the same log now sets those rows aside. Reading it now warns,
+    naming the folder, both ids and the fix."""
+    from recsys.data import validate
+    from recsys.data.datamodule import SeqRecDataModule
+
+    events = synthetic().with_columns(pl.col(USER).cast(pl.String), pl.col(ITEM).cast(pl.String))
+    first_user, first_item = events[USER][0], events[ITEM][0]
+    events = events.with_columns(
+        pl.when(pl.col(USER) == first_user).then(pl.lit("")).otherwise(pl.col(USER)).alias(USER),
+        pl.when(pl.col(ITEM) == first_item).then(pl.lit("")).otherwise(pl.col(ITEM)).alias(ITEM),
+    )
+    with monkeypatch.context() as earlier:  # the earlier rule: "" is an id like any other
+        earlier.setattr(
+            validate, "canonical_ids", lambda column, dtype: pl.col(column).cast(pl.String)
+        )
+        prepare(events, tmp_path / "old")
+    module = SeqRecDataModule(tmp_path / "old", max_seq_len=8)
+    with caplog.at_level("WARNING"):
+        module.setup()
+    assert "" in module.store.user_id.to_list()  # (read as it is: a model trained there)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1, warned
+    assert str(tmp_path / "old") in warned[0]
+    assert 'user id ""' in warned[0] and 'item id ""' in warned[0]
+    assert "null_id" in warned[0] and "prepare" in warned[0]
+    caplog.clear()
+    prepare(events, tmp_path / "new", replace(SETTINGS, bad_rows=BadRowPolicy(null_id="drop")))
+    with caplog.at_level("WARNING"):
+        SeqRecDataModule(tmp_path / "new", max_seq_len=8).setup()
+    assert 'id ""' not in caplog.text
