@@ -25,7 +25,7 @@ import pandas as pd
 import polars as pl
 
 from recsys.data import options as _options
-from recsys.data.io import DataError, EventSource, to_pandas
+from recsys.data.io import DataError, EventSource, to_pandas, whole_number_ids
 from recsys.data.pipeline import (
     QUARANTINE_FILE,
     SEQUENCES_FILE,
@@ -93,7 +93,10 @@ class PreparedDataset:
     def sequences(self, *, backend: Backend = "polars") -> pl.DataFrame | pd.DataFrame:
         """One row per user: list columns of item / behaviour indices and Unix seconds, plus
         the split positions."""
-        return _out(pl.read_parquet(self._file(SEQUENCES_FILE)), backend)
+        # user ids as the folder's vocabulary's item ids read back: whole-number float ids of a
+        # folder prepared before that rule as Int64
+        sequences = pl.read_parquet(self._file(SEQUENCES_FILE)).lazy()
+        return _out(whole_number_ids(sequences, [USER]).collect(), backend)
 
     def quarantine(self, *, backend: Backend = "polars") -> pl.DataFrame | pd.DataFrame:
         """The rows set aside by the bad-row policy, with their input row and problem."""
@@ -118,7 +121,7 @@ class PreparedDataset:
         )
         position = pl.col("position")
         frame = (
-            pl.scan_parquet(self._file(SEQUENCES_FILE))
+            whole_number_ids(pl.scan_parquet(self._file(SEQUENCES_FILE)), [USER])
             .select(USER, ITEMS, BEHAVIORS, TIMES, TRAIN_END, VAL_TARGET, TEST_START, TEST_TARGET)
             .with_columns(pl.int_ranges(pl.col(ITEMS).list.len()).alias("position"))
             .explode(ITEMS, BEHAVIORS, TIMES, "position")

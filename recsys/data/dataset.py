@@ -28,6 +28,7 @@ from torch.utils.data import (
 )
 
 from recsys.data.batch import SeqBatch
+from recsys.data.io import whole_number_ids
 from recsys.data.sequences import BEHAVIORS, ITEMS, TIMES, TimeBuckets
 from recsys.data.split import TEST_TARGET, TRAIN_END, VAL_TARGET
 from recsys.data.vocab import damaged, unreadable_parquet
@@ -64,8 +65,12 @@ class SequenceStore:
         def scalar(name: str) -> np.ndarray:
             return table[name].to_numpy().astype(np.int64)
 
+        # ids as preparation reads them now, as the folder's vocabulary reads back: whole-number
+        # float ids of a folder prepared before that rule (10.0) as Int64
+        users = whole_number_ids(pl.from_arrow(table.select([USER])).lazy(), [USER]).collect()
+
         return cls(
-            user_id=pl.from_arrow(table[USER]),
+            user_id=users[USER],
             offsets=offsets,
             item=item,
             behavior=behavior,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from polars.testing import assert_frame_equal
+from polars.testing import assert_frame_equal, assert_series_equal
 
 import recsys.data.pipeline as pipeline_module
 from recsys.data import PreparedDataset
@@ -1041,3 +1041,28 @@ def test_a_folder_an_earlier_recsys_prepared_with_empty_ids_is_named_as_it_is_re
     with caplog.at_level("WARNING"):
         SeqRecDataModule(tmp_path / "new", max_seq_len=8).setup()
     assert 'id ""' not in caplog.text
+
+
+def test_a_folder_an_earlier_recsys_prepared_with_float_user_ids_reads_them_as_integers(
+    tmp_path, monkeypatch
+):
+    """Before whole-number float ids were read as integers, a log of user ids that pandas made
+    float (one missing id) was prepared with Float64 user ids (1030940.0). The folder's
+    vocabulary reads back with today's rule (Int64 item ids), but its user ids stayed Float64:
+    a per-target file of pipelines.evaluate on the folder, ds.events() and ds.sequences() named
+    users 1030940.0 beside items 98066, and another dtype than the same log prepared now."""
+    from recsys.data import io
+
+    events = synthetic().with_columns(pl.col(USER).cast(pl.Float64) + 1_000_000)
+    with monkeypatch.context() as earlier:  # the earlier rule: float ids stay float
+        earlier.setattr(io, "whole_number_ids", lambda lf, columns: lf)
+        prepare(events, tmp_path / "old")
+    assert pl.read_parquet_schema(tmp_path / "old" / SEQUENCES_FILE)[USER] == pl.Float64
+    prepare(events, tmp_path / "new")
+    now = SequenceStore.from_parquet(tmp_path / "new" / SEQUENCES_FILE).user_id
+    assert now.dtype == pl.Int64
+    store = SequenceStore.from_parquet(tmp_path / "old" / SEQUENCES_FILE)
+    assert_series_equal(store.user_id, now)
+    old, new = PreparedDataset.load(tmp_path / "old"), PreparedDataset.load(tmp_path / "new")
+    assert_frame_equal(old.events(), new.events())
+    assert_frame_equal(old.sequences(), new.sequences())
