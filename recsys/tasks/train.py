@@ -835,6 +835,9 @@ def _resume_target(cfg: DictConfig) -> tuple[str, Path, dict] | None:
     if saved is None:
         raise ValueError(f"resume={value}: {path} is not a recsys training checkpoint")
     check_format(saved, path, prefix=f"resume={value}: ")
+    hyper_parameters = checkpoint.get("hyper_parameters") or {}
+    if TEACHERS_KEY not in saved and hyper_parameters.get("distillation"):
+        saved = {**saved, TEACHERS_KEY: None}  # distilled by a recsys that recorded no teacher
     if "optimizer_states" not in checkpoint:
         raise ValueError(
             f"resume={value}: {path} is a scoring checkpoint (weights only, no optimiser or "
@@ -951,17 +954,33 @@ def resume_checkpoint(
             + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
             + "): resume with the model settings of the interrupted run"
         )
-    _check_teachers(f"resume={value}: {path}", saved.get(TEACHERS_KEY) or [], teachers)
+    _check_teachers(f"resume={value}: {path}", saved.get(TEACHERS_KEY, []), teachers)
     return path
 
 
 def _check_teachers(
-    resumed: str, saved: Sequence[Mapping[str, str]], teachers: Sequence[Mapping[str, str]]
+    resumed: str,
+    saved: Sequence[Mapping[str, str]] | None,
+    teachers: Sequence[Mapping[str, str]],
 ) -> None:
     """Refuse a teacher reference that names another model than when the interrupted run
     distilled from it (a checkpoint file replaced, an alias moved since): the run would learn
     from one model, then from another, its record naming one. (A reference changed in the
-    config is a changed setting, tagged as such.)"""
+    config is a changed setting, tagged as such.) A distillation checkpoint of a recsys before
+    teachers were recorded (``saved`` None) has nothing to check them against: a warning says
+    so."""
+    if saved is None:
+        for i, now in enumerate(teachers):
+            log.warning(
+                "%s records no teacher (an earlier recsys wrote it): %s[%d]=%s is taken as the "
+                "model it distilled from, unchecked; if that reference was replaced or its "
+                "alias moved since, drop resume to train afresh",
+                resumed,
+                TEACHERS,
+                i,
+                now["ref"],
+            )
+        return
     for i, (was, now) in enumerate(zip(saved, teachers)):
         if was.get("ref") != now["ref"] or was.get("digest") == now["digest"]:
             continue

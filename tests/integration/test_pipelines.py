@@ -1756,7 +1756,7 @@ def test_a_training_starts_from_a_models_weights_and_distils_trained_teachers(
 
 
 def test_a_resumed_distillation_refuses_a_teacher_reference_that_now_names_another_model(
-    make_config, tmp_path
+    make_config, tmp_path, caplog
 ):
     """The checkpoint records what each teacher was (its reference and model digest), and a
     resumed training whose teacher reference names another model since (the file replaced,
@@ -1794,6 +1794,19 @@ def test_a_resumed_distillation_refuses_a_teacher_reference_that_now_names_anoth
         train.run(resumed)
     shutil.copy(first.checkpoint, teacher)  # the same model again: the training continues
     assert train.run(resumed).checkpoint.exists()
+    # a checkpoint of a recsys before teachers were recorded: nothing to check them against,
+    # which the resume says (it had continued without a word, whatever the reference named)
+    last = tmp_path / "student" / "checkpoints" / "last.ckpt"
+    earlier = torch.load(last, map_location="cpu", weights_only=False)
+    del earlier["recsys"]["teachers"]
+    torch.save(earlier, last)
+    with caplog.at_level("WARNING", logger="recsys"):
+        train.run(make_config("config", [*student, "trainer.max_epochs=3", "resume=last"]))
+    assert re.search(
+        rf"resume=last: .*records no teacher .*teachers\[0\]={re.escape(str(teacher))} is "
+        "taken as the model it distilled from, unchecked",
+        caplog.text,
+    )
 
 
 def test_cli_overrides_and_multirun_sweep(tmp_path):
