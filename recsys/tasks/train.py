@@ -885,15 +885,32 @@ def _prepared(cfg: DictConfig) -> Path:
     trial = prepare.run(cfg, final.with_name(".prepared-resume"))
     try:
         _check_fingerprint(target, load_stats(trial)["fingerprint"])
-    except ValueError:
+    except ValueError as err:
         shutil.rmtree(trial, ignore_errors=True)
-        raise
+        if not _holds(final, target[2]["data_fingerprint"]):
+            raise
+        # the run's own data is there: the same log may read otherwise since (an upgrade)
+        raise ValueError(
+            f"{err}. If the log is the same, the recsys that prepared it for the run read it "
+            'otherwise (an upgrade since: whole-number float ids now read as integers, "" ids '
+            f"as missing, ...): continue on the data it was trained on with data.prepared_dir="
+            f"{final}"
+        ) from err
     if final.exists() and _current(final):  # the same data (same fingerprint): keep it
         shutil.rmtree(trial, ignore_errors=True)
     else:  # (a folder of an earlier recsys's format: replaced by the same data in this one's)
         shutil.rmtree(final, ignore_errors=True)
         trial.rename(final)
     return final
+
+
+def _holds(prepared_dir: Path, fingerprint: str) -> bool:
+    """Whether ``prepared_dir`` is a prepared folder of this version holding the data of
+    ``fingerprint``."""
+    try:
+        return load_stats(prepared_dir).get("fingerprint") == fingerprint
+    except (DataError, OSError, ValueError):
+        return False
 
 
 def _current(prepared_dir: Path) -> bool:

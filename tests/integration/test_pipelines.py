@@ -1177,6 +1177,34 @@ def test_a_training_interrupted_before_an_upgrade_resumes_after_it(make_config):
     }  # no staging folder left
 
 
+def test_a_training_whose_log_reads_otherwise_after_an_upgrade_names_its_own_data(make_config):
+    """A training interrupted before an upgrade that reads its log otherwise (whole-number
+    float ids as integers, "" ids as missing, ...) was refused on resume as 'trained on other
+    data: resume with the data and data settings of the interrupted run', which the job did.
+    When the run folder still holds the data it was trained on, the refusal names it as the
+    way to continue (data.prepared_dir), which does continue it."""
+    base = [*TINY, "logger=none", "callbacks.early_stopping.patience=50"]
+    first = train.run(make_config("config", [*base, "trainer.max_epochs=1"]))
+    run_dir = first.checkpoint.parents[1]
+    earlier = "0" * 64  # the fingerprint the earlier recsys gave the same log
+    stats_file = run_dir / "prepared" / STATS_FILE
+    stats_file.write_text(
+        json.dumps({**json.loads(stats_file.read_text()), "fingerprint": earlier})
+    )
+    last = first.checkpoint.parent / "last.ckpt"
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
+    checkpoint["recsys"]["data_fingerprint"] = earlier
+    torch.save(checkpoint, last)
+    again = [*base, "trainer.max_epochs=2", "resume=last"]
+    with pytest.raises(ValueError, match="trained on other data") as info:
+        train.run(make_config("config", again))
+    assert f"data.prepared_dir={run_dir / 'prepared'}" in str(info.value)
+    resumed = train.run(
+        make_config("config", [*again, f"data.prepared_dir={run_dir / 'prepared'}"])
+    )
+    assert [e["epoch"] for e in resumed.history] == [0.0, 1.0]
+
+
 @pytest.mark.parametrize(
     "trainer", ["default", pytest.param("gpu", marks=pytest.mark.gpu)], ids=lambda t: f"trainer={t}"
 )
