@@ -273,17 +273,26 @@ def progress_label(split: str, segment: str, prefix: str) -> str:
 
 def _other_id_type(model: LoadedModel, vocab: Vocab, ref) -> str:
     """The cause, when the model's item ids have another type than the ones this data was
-    prepared with (the log's ids changed type since the training), which no data setting of
-    this job undoes."""
+    prepared with (the log's ids changed type since the training), or it holds an id that
+    preparation now reads as missing (``""``, learnt by a model of an earlier recsys), which
+    no data setting of this job undoes."""
     trained, now = model.vocab.items.schema[ITEM], vocab.items.schema[ITEM]
-    if trained == now:
-        return ""
-    return (
-        f"model={ref} holds {trained} item ids, the data this job prepared {now} ones: the "
-        "log's ids changed type since the training. No data setting undoes that: evaluate it "
-        "on the folder it was trained on (data.prepared_dir=<that folder>), or retrain it on "
-        "this data"
+    fixes = (
+        "No data setting undoes that: evaluate it on the folder it was trained on "
+        "(data.prepared_dir=<that folder>), or retrain it on this data"
     )
+    if trained != now:
+        return (
+            f"model={ref} holds {trained} item ids, the data this job prepared {now} ones: the "
+            f"log's ids changed type since the training. {fixes}"
+        )
+    if model.vocab.missing_id_indices() and not vocab.missing_id_indices():
+        return (
+            f'model={ref} holds the item id "" (an empty text id), which recsys now reads as a '
+            "missing one (data.bad_rows.null_id): an earlier recsys trained it on the events "
+            f"this job's preparation sets aside. {fixes}"
+        )
+    return ""
 
 
 def run(

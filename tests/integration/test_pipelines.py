@@ -761,6 +761,32 @@ def test_a_model_of_another_id_type_on_its_own_log(main_run, make_config, tmp_pa
     assert found["float"]["test/ndcg_at_10"] == evaluate.run(ints)["test/ndcg_at_10"]
 
 
+def test_a_model_holding_an_empty_item_id_evaluated_on_its_log_names_the_id(make_config, tmp_path):
+    """A model of a recsys before an empty text id read as missing holds "" as an item; its
+    log, prepared now, sets those events aside, so the evaluation was refused as 'different
+    data or data settings: give this job the data settings of its training', which the job
+    did. The refusal names the id, why and the fixes no data setting replaces."""
+    from recsys.data.synthetic import generate_events
+
+    log = tmp_path / "events.parquet"
+    events = generate_events(num_users=60, num_items=40, num_categories=4, seed=3)
+    events.with_columns(pl.col("user_id", "item_id").cast(pl.String)).write_parquet(log)
+    data = ["data=events_file", f"data.source={log}", "data.split.method=leave_one_out"]
+    small = ["logger=none", "trainer.max_epochs=1", "model.d_model=16", "model.num_layers=1"]
+    trained = train.run(make_config("config", [*data, *small]))
+    checkpoint = torch.load(trained.checkpoint, map_location="cpu", weights_only=False)
+    checkpoint["recsys"]["vocab"]["item_id"][0] = ""  # as the earlier recsys prepared a lost id
+    old = tmp_path / "empty-id.ckpt"
+    torch.save(checkpoint, old)
+    job = make_config(
+        "evaluate", [f"model_ref={old}", *data, "logger=none", f"paths.run_dir={tmp_path / 'e'}"]
+    )
+    with pytest.raises(ValueError, match='holds the item id "" .* reads as a missing one') as info:
+        evaluate.run(job)
+    assert "data.prepared_dir=<that folder>" in str(info.value)
+    assert "give this job the data settings" not in str(info.value)
+
+
 def written(folder: Path) -> list[Path]:
     """Files under ``folder`` (empty parent folders of the run directory do not count: see
     tests/unit/data/test_pipeline.py::test_failed_prepare_leaves_no_parent_folders)."""
