@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from recsys.data.io import DataError
+from recsys.data.io import DataError, whole_number_ids
 from recsys.retrieval.catalogue import Catalogue
 from recsys.schema import ITEM, NUM_RESERVED
 
@@ -193,6 +193,14 @@ def _list_indices(source, catalogue: Catalogue, name: str) -> torch.Tensor:
         # an id as written first, so ' 7' and '7' stay two ids of a text catalogue, as in the
         # log; else without the spaces around it (a hand-written list's stray blanks)
         found = np.where(found < NUM_RESERVED, catalogue.index_of(ids.str.strip_chars()), found)
+    unmatched = found < NUM_RESERVED
+    if ids.dtype == pl.String and unmatched.any() and catalogue.items.schema[ITEM].is_integer():
+        # a whole number written as a float (109500.0: a pandas id column made float by a NaN,
+        # an earlier recsys's outputs) names the integer id, as in the log (whole_number_ids)
+        written = ids.filter(unmatched).str.strip_chars().cast(pl.Float64, strict=False)
+        whole = whole_number_ids(written.to_frame().lazy(), [ITEM]).collect()[ITEM]
+        if whole.dtype == pl.Int64:
+            found[unmatched] = catalogue.index_of(whole)
     index = torch.from_numpy(found)
     unknown = int((index < NUM_RESERVED).sum())
     if unknown == ids.len() and name == "allow_list":

@@ -186,6 +186,25 @@ def test_a_one_column_csv_without_a_header_loses_no_id(setup, tmp_path):
     assert_frame_equal(denied, _score(model, events, rules={"deny_list": ids[:1]}))
 
 
+def test_an_item_list_of_whole_number_floats_names_the_integer_ids(setup, tmp_path):
+    """An id list written from a float id column (pandas' to_csv of ids made float by a NaN,
+    an earlier recsys's outputs: 109500.0) named a model's items while its ids were floats;
+    since they read as integers, such a deny list denied nothing (a warning, status 0, the
+    out-of-stock items recommended). Its ids read as the log's do: whole numbers as integers
+    (a fractional one names no item)."""
+    model, events = setup
+    ids = model.vocab.items[ITEM].head(3).to_list()
+    for rule in ("allow_list", "deny_list"):
+        expected = _score(model, events, rules={rule: ids})
+        (tmp_path / "ids.csv").write_text("item_id\n" + "".join(f"{i}.0\n" for i in ids))
+        (tmp_path / "ids.txt").write_text("".join(f"{i}.0\n" for i in ids))
+        for name in ("ids.csv", "ids.txt"):
+            assert_frame_equal(_score(model, events, rules={rule: str(tmp_path / name)}), expected)
+    (tmp_path / "half.csv").write_text(f"item_id\n{ids[0]}.5\n")
+    with pytest.raises(DataError, match=r"allow_list: none of its 1 ids"):
+        _score(model, events, rules={"allow_list": str(tmp_path / "half.csv")})
+
+
 def test_an_allow_list_of_no_catalogue_item_is_refused(setup):
     """It allowed no item, so every user got nothing, after a warning that its ids 'have no
     effect'; an empty allow list was already refused."""
