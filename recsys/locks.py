@@ -131,3 +131,30 @@ def remove_if_abandoned(folder: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def take_abandoned(lock: Path) -> int | None:
+    """Take ``lock``, a lock file of :func:`hold`, when it is there and no process holds it:
+    the process that held it ended without removing it (killed outright: SIGKILL, the OOM
+    killer, a power cut). Returns its descriptor, for the caller to clean up after that
+    process, then unlink the file and ``os.close`` it; None when the file is absent, held by
+    a running process, or removed meanwhile, and wherever there are no locks (a running
+    holder is not told from a gone one)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:  # gone (its holder ended and removed it), or unreadable: nothing known
+        return None
+    try:
+        if flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, lock) and os.path.samestat(
+            os.fstat(fd), os.stat(lock)
+        ):
+            return fd
+    except (BlockingIOError, FileNotFoundError):  # held, or removed by its holder meanwhile
+        pass
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None

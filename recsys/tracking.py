@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
 import re
 import shlex
 import shutil
+import time
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -33,6 +35,14 @@ MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter value
 URI_VARIABLE = "MLFLOW_TRACKING_URI"  # the user's store, when set: wins over logger.tracking_uri
 SERVER_SCHEMES = ("http", "https")  # a tracking server's URI: the server keeps the store
 MODEL_ARTIFACT = "model"  # the packaged MLflow model inside a training run
+# The job that holds a run it opened (see Tracker): who (process <pid> on <host>), its host
+# (what a later job of that host looks for) and the lock it holds while it runs; a run left
+# RUNNING by a job killed outright is marked KILLED, with the reason as recsys.ended
+HOLDER_TAG = "recsys.holder"
+HOST_TAG = "recsys.holder.host"
+LOCK_TAG = "recsys.holder.lock"
+ENDED_TAG = "recsys.ended"
+_HELD_RUNS: dict[str, tuple[Path, int]] = {}  # the runs this process holds: lock, descriptor
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -66,6 +76,14 @@ class Tracker:
     a changed one is recorded as the tag ``changed_param.<name>`` (MLflow refuses to change a
     parameter), so a run resumed with, say, more epochs says so. A run resumed under other
     code keeps its ``code.*`` tags and gets ``code.resumed.*`` with the values that differ now.
+
+    A run it opens or continues is held until :meth:`finish` ends it: a lock file (see
+    :func:`run_lock`) that goes with the process however it ends, named in the tags
+    ``recsys.holder`` (``process <pid> on <host>``), ``recsys.holder.host`` and
+    ``recsys.holder.lock``. Opening one, it marks ``KILLED`` the runs of its experiment that
+    jobs of this host left ``RUNNING`` and no longer hold (killed outright: SIGKILL, the OOM
+    killer, a power cut), tagging why (``recsys.ended``) and naming each in a warning
+    (:meth:`_end_abandoned`); other hosts' runs are left alone.
     """
 
     def __init__(
@@ -106,6 +124,8 @@ class Tracker:
             Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(
                 parents=True, exist_ok=True
             )
+        self._held: tuple[Path, int] | None = None  # the run's lock, when this tracker took it
+        holds = bool(continue_run_id) or not run_id  # (not a run attached to as it is)
         with store_lock(self.tracking_uri), _root_logging_kept():
             self.client = MlflowClient(tracking_uri=self.tracking_uri)  # creates its tables
             if continue_run_id:
@@ -128,19 +148,120 @@ class Tracker:
                     _note_artifact_root(experiment, artifact_root)
                 if experiment is not None and not artifact_root and is_server(self.tracking_uri):
                     _note_local_artifacts(experiment, self.tracking_uri)  # (not one asked for)
+            if holds:
+                self._end_abandoned()
         if not run_id:  # (a new run says which code made it; one attached to keeps its own)
             run = self.client.create_run(
                 self.experiment_id, run_name=run_name, tags={**code_tags(), **dict(tags or {})}
             )
             self.run_id = run.info.run_id
+            self._hold(self.run_id)
         log.info("MLflow run %s at %s", self.run_id, self.tracking_uri)
+
+    def _hold(self, run_id: str) -> None:
+        """Hold ``run_id`` while this process runs: its lock (:func:`run_lock`) and the tags
+        naming this process as its holder. A lock that cannot be made (a folder not writable)
+        is named in a warning: a later job cannot then tell whether this one still runs, and
+        leaves the run as it finds it. A lock another job holds is waited for a few seconds
+        (a job looking whether the run was left, :meth:`_end_abandoned`), then named in a
+        warning (a copy of the run folder resumed meanwhile): the run stays that job's."""
+        holder = f"process {os.getpid()} on {platform.node()}"
+        tags = {HOLDER_TAG: holder, HOST_TAG: platform.node()}
+        if run_id in _HELD_RUNS:  # (another tracker of this process holds it already)
+            tags[LOCK_TAG] = str(_HELD_RUNS[run_id][0])
+        elif locks.AVAILABLE:
+            lock = run_lock(self.tracking_uri, run_id)
+            try:
+                lock.parent.mkdir(parents=True, exist_ok=True)
+                fd = _take_run_lock(lock)
+            except FileExistsError as err:
+                log.warning(
+                    "MLflow run %s is held by %s, a job running now: this job writes into it "
+                    "too, and leaves it that job's to end",
+                    run_id,
+                    err,
+                )
+                return
+            except OSError as err:
+                log.warning(
+                    "MLflow run %s: its lock %s cannot be made (%s): if this job is killed "
+                    "outright (SIGKILL, a power cut) the run stays RUNNING",
+                    run_id,
+                    lock,
+                    err,
+                )
+                fd = None
+            if fd is not None:  # (None: a filesystem without locks, named by locks.flock)
+                self._held = _HELD_RUNS[run_id] = (lock, fd)
+                tags[LOCK_TAG] = str(lock)
+        for name, value in tags.items():
+            self.client.set_tag(run_id, name, value)
+
+    def _release(self, ended: bool) -> None:
+        """Let go of the run's lock; ``ended`` (its status set) removes the lock file too,
+        else (the status could not be set) a later job finds the run abandoned."""
+        if self._held is None:
+            return
+        lock, fd = self._held
+        self._held = None
+        _HELD_RUNS.pop(self.run_id, None)
+        try:
+            if ended:
+                lock.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+    def _end_abandoned(self) -> None:
+        """Mark ``KILLED`` the runs of this experiment left ``RUNNING`` by a job of this host
+        that no longer holds them (its lock is there and free: the job was killed outright),
+        each tagged ``recsys.ended`` and named in a warning. A run without a lock (tracked
+        where there are no locks, or before recsys held runs) and other hosts' runs are left
+        alone: whether their jobs still run is not known here. One query of the store; a
+        failure to look is named in a warning, and the job goes on."""
+        host = platform.node()
+        if not locks.AVAILABLE or "'" in host:
+            return
+        try:
+            runs = self.client.search_runs(
+                [self.experiment_id],
+                filter_string=f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'",
+            )
+            for run in runs:
+                lock = run.data.tags.get(LOCK_TAG)
+                fd = locks.take_abandoned(Path(lock)) if lock else None
+                if fd is None:
+                    continue
+                try:
+                    # (its job may have ended it, then let go, since the query)
+                    if self.client.get_run(run.info.run_id).info.status == "RUNNING":
+                        holder = run.data.tags.get(HOLDER_TAG, f"its job on {host}")
+                        reason = f"holder gone: {holder} no longer runs"
+                        self.client.set_tag(run.info.run_id, ENDED_TAG, reason)
+                        self.client.set_terminated(run.info.run_id, status="KILLED")
+                        log.warning(
+                            "MLflow run %s (%s) was left RUNNING by a job killed outright (%s): "
+                            "marked KILLED",
+                            run.info.run_id,
+                            run.info.run_name,
+                            reason,
+                        )
+                    Path(lock).unlink(missing_ok=True)
+                finally:
+                    os.close(fd)
+        except Exception as err:  # MLflow's own exception types, an unreadable lock
+            log.warning(
+                "could not look for MLflow runs that killed jobs of %s left RUNNING in %s: %s",
+                host,
+                self.tracking_uri,
+                err,
+            )
 
     def _reopen(self, run_id: str) -> str | None:
         """Mark ``run_id`` running again; None (a new run) when this store does not hold it."""
         from mlflow.exceptions import MlflowException
 
         try:
-            self.client.update_run(run_id, status="RUNNING")
+            self.client.get_run(run_id)
         except MlflowException as err:
             log.warning(
                 "MLflow run %s (of the checkpoint being resumed) is not in %s (%s): tracking "
@@ -150,10 +271,15 @@ class Tracker:
                 err,
             )
             return None
+        self.run_id = run_id
+        self._hold(run_id)  # (before it is RUNNING again: no other job then takes it as left)
+        self.client.update_run(run_id, status="RUNNING")
         log.info("continuing MLflow run %s", run_id)
         # (its code.* tags name the code that started it: code that differs now is tagged
         # code.resumed.*, as changed_param.* records a changed parameter)
         first = self.client.get_run(run_id).data.tags
+        if ENDED_TAG in first:  # (marked KILLED when its job was killed: running again now)
+            self.client.delete_tag(run_id, ENDED_TAG)
         for name, value in code_tags().items():
             if first.get(name) != value:
                 self.client.set_tag(run_id, f"code.resumed.{name.removeprefix('code.')}", value)
@@ -334,8 +460,16 @@ class Tracker:
         return f"models:/{registered_model_name}/{version.version}"
 
     def finish(self, status: str = "FINISHED") -> None:
-        if self.enabled:
+        """End the run with ``status`` and let go of it (a run that cannot be ended is let go
+        all the same: a later job of this host marks it KILLED)."""
+        if not self.enabled:
+            return
+        try:
             self.client.set_terminated(self.run_id, status=status)
+        except BaseException:
+            self._release(ended=False)
+            raise
+        self._release(ended=True)
 
     def describe(self) -> str:
         if not self.enabled:
@@ -438,6 +572,34 @@ def model_requirements() -> list[str]:
     except PackageNotFoundError:
         declared = []
     return [r for r in declared if "extra ==" not in r]
+
+
+def _take_run_lock(lock: Path, patience: float = 10.0) -> int | None:
+    """:func:`recsys.locks.hold` on a run's lock, tried again for up to ``patience`` seconds
+    while another job holds it (one looking whether the run was left holds it for a moment);
+    then ``FileExistsError`` naming the holder."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return locks.hold(lock, lambda holder: holder)
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def run_lock(tracking_uri: str, run_id: str) -> Path:
+    """The lock file a job holds while its run ``run_id`` runs (:class:`Tracker`): beside a
+    sqlite store, in ``<db>.runs/``; for another store (a tracking server, a database), in
+    the user's cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``), ``recsys/mlflow-runs/``.
+    Neither is in a temporary folder, which a power cut's reboot empties."""
+    if tracking_uri.startswith("sqlite:///"):
+        store = Path(tracking_uri.removeprefix("sqlite:///"))
+        folder = store.with_name(f"{store.name}.runs")
+    else:
+        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        folder = folder / "recsys" / "mlflow-runs"
+    return folder.absolute() / f"{run_id}.lock"
 
 
 @contextmanager

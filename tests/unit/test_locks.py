@@ -92,3 +92,33 @@ def test_a_staging_folder_renamed_into_place_meanwhile_is_not_taken_for_a_leftov
     monkeypatch.setattr(locks, "flock", finished_meanwhile)
     assert locks.remove_if_abandoned(staging) is False
     assert (done / "stats.json").read_text() == "{}"
+
+
+def test_a_lock_is_taken_as_abandoned_only_when_there_and_held_by_no_one(tmp_path):
+    """take_abandoned: a lock file whose holder ended without removing it (killed outright)
+    is taken; a held one, or none, is not."""
+    lock = tmp_path / "run.lock"
+    assert locks.take_abandoned(lock) is None  # no lock file: nothing known
+    fd = locks.hold(lock, str)
+    assert locks.take_abandoned(lock) is None  # held by a running holder
+    os.close(fd)  # its holder gone, the file left
+    taken = locks.take_abandoned(lock)
+    assert taken is not None
+    os.close(taken)
+
+
+def test_a_run_tracked_without_locks_is_not_taken_for_one_left_by_a_killed_job(
+    tmp_path, refused, monkeypatch
+):
+    """Where there are no locks a running job's run is not told from a killed one's: the run
+    names its holder but no lock, leaves no lock file, and a later job leaves it RUNNING."""
+    from recsys.tracking import Tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(tracking_uri=uri, experiment_name="e")
+    Tracker(tracking_uri=uri, experiment_name="e").finish()
+    run = first.client.get_run(first.run_id)
+    assert run.info.status == "RUNNING" and "recsys.holder.lock" not in run.data.tags
+    assert run.data.tags["recsys.holder"] == f"process {os.getpid()} on {os.uname().nodename}"
+    assert not (tmp_path / "mlflow.db.runs").exists() or not os.listdir(tmp_path / "mlflow.db.runs")

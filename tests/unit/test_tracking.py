@@ -537,6 +537,103 @@ def test_a_job_killed_by_sigterm_after_training_is_logged_and_its_run_marked_fai
     assert tracker.client.get_run(run_id).info.status == "FAILED"
 
 
+def test_a_run_whose_job_was_killed_outright_is_marked_killed_by_the_next_job_of_its_host(
+    tmp_path, monkeypatch, caplog
+):
+    """A job killed outright (SIGKILL, the OOM killer, a power cut) runs no cleanup: its run
+    stayed RUNNING forever, and mlflow ui showed a training going on. The next job opening the
+    experiment on the same host marks it KILLED and says why, while a running job's run, and
+    a run of another host, are left as they are; resume=last continues the killed run."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = (
+        "import sys, time\n"
+        "from recsys.tracking import Tracker\n"
+        f"tracker = Tracker(tracking_uri={uri!r}, experiment_name='e', run_name='train')\n"
+        "print(tracker.run_id, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        run_id = job.stdout.readline().strip()
+        assert run_id, "the job opened no run"
+        client = MlflowClient(tracking_uri=uri)
+        lock = tmp_path / "gone.lock"  # (free here: whether its job runs is not known here)
+        lock.touch()
+        tags = {
+            "recsys.holder": "process 1 on another-host",
+            "recsys.holder.host": "another-host",
+            "recsys.holder.lock": str(lock),
+        }
+        experiment = client.get_experiment_by_name("e").experiment_id
+        elsewhere = client.create_run(experiment, run_name="other host", tags=tags).info.run_id
+
+        with caplog.at_level("WARNING", logger="recsys.tracking"):
+            Tracker(tracking_uri=uri, experiment_name="e").finish()
+        assert client.get_run(run_id).info.status == "RUNNING"  # its job still runs
+        assert "marked KILLED" not in caplog.text
+
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=30)
+    finally:
+        job.kill()
+        job.stdout.close()
+    assert client.get_run(run_id).info.status == "RUNNING"  # nothing of the job ended it
+    with caplog.at_level("WARNING", logger="recsys.tracking"):
+        later = Tracker(tracking_uri=uri, experiment_name="e", run_name="next night")
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED"
+    reason = f"holder gone: process {job.pid} on {os.uname().nodename} no longer runs"
+    assert run.data.tags["recsys.ended"] == reason
+    assert f"MLflow run {run_id} (train) was left RUNNING by a job killed outright" in caplog.text
+    assert client.get_run(elsewhere).info.status == "RUNNING"  # not this host's to end
+    assert client.get_run(later.run_id).info.status == "RUNNING"
+    later.finish()
+
+    # resume=last continues it: RUNNING again, held by the resuming job, the reason dropped
+    again = Tracker(tracking_uri=uri, experiment_name="e", continue_run_id=run_id)
+    run = client.get_run(run_id)
+    assert run.info.status == "RUNNING" and "recsys.ended" not in run.data.tags
+    assert run.data.tags["recsys.holder"] == f"process {os.getpid()} on {os.uname().nodename}"
+    Tracker(tracking_uri=uri, experiment_name="e").finish()  # a job meanwhile: still held
+    assert client.get_run(run_id).info.status == "RUNNING"
+    again.finish()
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert list((tmp_path / "mlflow.db.runs").iterdir()) == []  # each ended run let go
+
+
+def test_a_run_another_job_holds_is_continued_without_waiting_for_that_job(
+    tmp_path, monkeypatch, caplog
+):
+    """Two copies of a run folder resumed at once continue the same run: the second job
+    must not wait for the first one's whole training to hold the run. It waits a moment (a
+    job looking whether the run was left holds it that long), then names the holder."""
+    import functools
+
+    from recsys import locks, tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(
+        tracking, "_take_run_lock", functools.partial(tracking._take_run_lock, patience=0.3)
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(tracking_uri=uri, experiment_name="e")
+    first.finish("FAILED")
+    fd = locks.hold(tracking.run_lock(uri, first.run_id), lambda holder: holder)  # the other
+    try:
+        with caplog.at_level("WARNING", logger="recsys.tracking"):
+            again = Tracker(tracking_uri=uri, experiment_name="e", continue_run_id=first.run_id)
+    finally:
+        os.close(fd)
+    assert again.client.get_run(first.run_id).info.status == "RUNNING"
+    assert f"MLflow run {first.run_id} is held by process {os.getpid()}" in caplog.text
+
+
 def test_a_sweep_jobs_run_is_tagged_with_its_sweep_and_job():
     """Each job of a -m sweep is a run of its own: tags tie it to its sweep (an audit found
     them told apart only by their parameters). Outside a sweep, none."""
@@ -766,6 +863,7 @@ def test_a_failed_job_fails_with_its_own_error_when_its_run_cannot_be_closed(
     def gone(self, run_id, status=None, end_time=None):
         raise MlflowException("API request to http://host:5000/api/2.0/mlflow/runs/update failed")
 
+    real = MlflowClient.set_terminated
     monkeypatch.setattr(MlflowClient, "set_terminated", gone)
     with (
         caplog.at_level("WARNING", logger="recsys.tracking"),
@@ -775,6 +873,10 @@ def test_a_failed_job_fails_with_its_own_error_when_its_run_cannot_be_closed(
         raise SystemExit(143)
     assert exit_.value.code == 143
     assert f"MLflow run {tracker.run_id} could not be marked FAILED: API request" in caplog.text
+    # let go all the same: the next job of this host (its server back) marks it KILLED
+    monkeypatch.setattr(MlflowClient, "set_terminated", real)
+    Tracker.from_config(logger).finish()
+    assert tracker.client.get_run(tracker.run_id).info.status == "KILLED"
 
 
 def test_a_preparation_which_opens_no_run_does_not_ask_the_tracking_server(
