@@ -11,11 +11,12 @@ from recsys.tasks import train
 
 
 @hydra.main(version_base="1.3", config_path=recsys.config.config_dir(), config_name="config")
-def entry(cfg: DictConfig):
+def entry(cfg: DictConfig) -> float | None:
     if cfg.task_name == "main":  # the main job's config, run as this pipeline (MLflow run
         cfg.task_name = "train"  # name, tag), unless task_name=... names the runs otherwise
     with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
-        return train.run(cfg)
+        result = train.run(cfg)
+    return train.sweep_objective(result.best_val)  # an optimising sweeper's objective
 
 
 if __name__ == "__main__":

@@ -66,8 +66,8 @@ log = logging.getLogger(__name__)
 
 
 def headline_k(metric_ks) -> int:
-    """The cutoff of the one-line summaries (the log, ``pipelines.run``'s printout and the
-    value a sweeper optimises): 10 when ``training.metric_ks`` has it, else its largest."""
+    """The cutoff of the one-line summaries (the log and ``pipelines.run``'s printout): 10
+    when ``training.metric_ks`` has it, else its largest."""
     ks = [int(k) for k in metric_ks]
     return 10 if 10 in ks else max(ks)
 

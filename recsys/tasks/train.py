@@ -97,6 +97,15 @@ class TrainResult:
     history: list[dict[str, float]] | None = None  # per validation: seconds and metrics
 
 
+def sweep_objective(metrics: Mapping[str, float]) -> float | None:
+    """What a training job returns to Hydra: the objective an optimising sweeper (Optuna,
+    Nevergrad, Ax: ``hydra/sweeper=...``) ranks its trials by. It is the validation score
+    that selected the checkpoint (the ``best/`` entry of ``metrics``: ``best/val_ndcg_at_10``
+    by default, after ``callbacks.model_checkpoint.monitor``), never a test metric: choosing
+    settings by test scores is model selection on the test set. None without a score."""
+    return next((float(v) for k, v in metrics.items() if k.startswith("best/")), None)
+
+
 def build_datamodule(cfg: DictConfig, prepared_dir: Path) -> SeqRecDataModule:
     loader = _loader(cfg)
     accelerator = cfg.trainer.get("accelerator", "auto")
