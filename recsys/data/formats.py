@@ -20,6 +20,8 @@ RetailRocket: events.csv        read_retailrocket             user_id, item_id, 
 RetailRocket: item_properties*  read_retailrocket_categories  item_id, category (latest;
                                                               history=True: every change
                                                               + timestamp (ms))
+RecBole: <dataset>.inter        read_recbole                  the header's fields, typed (see it)
+RecBole: <dataset>.item         read_recbole_items            the header's fields, typed
 ==============================  ============================  ====================================
 
 Ids, ``category`` of Taobao, timestamps and ``transaction_id`` are Int64; ``rating`` is Float64;
@@ -66,7 +68,7 @@ from pathlib import Path
 
 import polars as pl
 
-from recsys.data.io import NOT_TEXT, DataError
+from recsys.data.io import NOT_TEXT, RECBOLE_SUFFIXES, DataError, csv_types
 from recsys.schema import CATEGORY, EVENT_TYPE, ITEM, TIMESTAMP, USER
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,8 @@ __all__ = [
     "read_movielens_movies",
     "read_movielens_ratings",
     "read_movielens_sasrec_copy",
+    "read_recbole",
+    "read_recbole_items",
     "read_retailrocket",
     "read_retailrocket_categories",
     "read_s3rec",
@@ -570,6 +574,124 @@ def read_retailrocket(path: PathLike) -> pl.LazyFrame:
     )
 
 
+_RECBOLE_TYPES = ("token", "token_seq", "float", "float_seq")
+
+
+def _recbole_file(path: PathLike, suffix: str) -> Path:
+    """A RecBole atomic file: ``path`` itself, ``<path>/<folder name>.<suffix>`` for the dataset
+    folder (RecBole's ``<data_path>/<dataset>/<dataset>.inter``), or, for another atomic file of
+    the dataset (``data=recbole`` passes the source's path on to the items), its sibling."""
+    what = f"RecBole <dataset>.{suffix}"
+    if not isinstance(path, (str, os.PathLike)):
+        raise DataError(
+            f"{what}: expected a file or folder path (str or os.PathLike), got {path!r}"
+        )
+    p = Path(path).expanduser()
+    if p.suffix in RECBOLE_SUFFIXES and p.suffix != f".{suffix}":
+        sibling = p.with_suffix(f".{suffix}")
+        if suffix == "item" and p.exists() and not sibling.exists():
+            raise DataError(
+                f"{p.parent} holds no {sibling.name} beside {p.name}: give the item file's path "
+                "(data.items.path), or data.items=null for a dataset without one"
+            )
+        return sibling
+    if not p.is_dir():
+        return p
+    file = p / f"{p.resolve().name}.{suffix}"
+    if file.exists():
+        return file
+    found = sorted(f.name for f in p.glob(f"*.{suffix}"))
+    also = f"; it holds {found[:5]}: give that file's path" if found else ""
+    none = " (a dataset without one: data.items=null)" if suffix == "item" else ""
+    raise DataError(
+        f"{p} is a folder without {file.name}: RecBole keeps a dataset's atomic files as "
+        f"<data_path>/<dataset>/<dataset>.{suffix}, so point the path at that folder or at "
+        f"the file{also}{none}"
+    )
+
+
+def _read_recbole(path: PathLike, suffix: str, seq_separator: str) -> pl.LazyFrame:
+    """An atomic file: the header's fields ``name:type`` as columns ``name``, typed."""
+    file = _recbole_file(path, suffix)
+    src = _read_source(file, f"RecBole <dataset>.{suffix}")
+    if not seq_separator:
+        raise DataError(
+            f"{src.path}: seq_separator is empty; RecBole's default (seq_separator) is ' '"
+        )
+    fields = src.first.split("\t")
+    types: dict[str, str] = {}
+    for field in fields:
+        name, _, kind = field.rpartition(":")
+        if not name or kind not in _RECBOLE_TYPES:
+            raise DataError(
+                f"{src.path}: header field {field!r} is not RecBole's 'name:type' (type one of "
+                f"{', '.join(_RECBOLE_TYPES)}), in a tab-separated header such as "
+                f"'user_id:token\\titem_id:token\\ttimestamp:float'; is this a RecBole atomic "
+                "file? (any other tab-separated log: data=events_file, see the README)"
+            )
+        if name in types:
+            raise DataError(f"{src.path}: the header names field {name!r} twice: rename one")
+        types[name] = kind
+    if src.first_idx:  # RecBole reads the first line as the header
+        raise DataError(f"{src.path}: {src.first_idx} blank line(s) before the header: remove them")
+    lf = pl.scan_csv(
+        src.scan_source,
+        separator="\t",
+        has_header=True,
+        infer_schema=False,  # every field as text, typed below
+        # one record per line, quotes as written: RecBole's converters write no quoting, and a
+        # title opening a quote it never closes (pandas' reading) would swallow the next lines
+        quote_char=None,
+    )
+    lf = lf.rename(dict(zip(lf.collect_schema().names(), types)))
+    if src.cut is not None:  # (its line was named in a warning by _read_source)
+        last = next(reversed(types))
+        whole = pl.int_range(pl.len()) < pl.len() - 1
+        lf = lf.with_columns(pl.when(whole).then(pl.col(last)).alias(last))
+    # tokens as ids are read from a CSV (integers when each is an integer's text), floats as
+    # numbers (or left text where one does not parse, for the bad-row policy to name)
+    scalar = {name: kind == "token" for name, kind in types.items() if not kind.endswith("_seq")}
+    lf = csv_types(lf, scalar, src.path)
+    schema = lf.collect_schema()
+    return lf.with_columns(
+        [
+            pl.col(name).cast(pl.Float64, strict=False)
+            for name, kind in types.items()
+            if kind == "float" and schema[name] != pl.String
+        ]
+        + [
+            pl.col(name)
+            .fill_null("")
+            .str.split(seq_separator)
+            .list.eval(pl.element().filter(pl.element() != ""))
+            .cast(pl.List(pl.Float64 if kind == "float_seq" else pl.String), strict=False)
+            for name, kind in types.items()
+            if kind.endswith("_seq")
+        ]
+    )
+
+
+def read_recbole(path: PathLike, *, seq_separator: str = " ") -> pl.LazyFrame:
+    """RecBole's interaction atomic file ``<dataset>.inter`` (tab-separated, typed header).
+
+    ``path`` is the file or the dataset folder (``<data_path>/<dataset>``, RecBole's layout),
+    which must hold ``<dataset>.inter``. The header names each field with its type,
+    ``user_id:token\titem_id:token\trating:float\ttimestamp:float``; each column is named by
+    its field (``user_id``, ...) and typed as RecBole types it: ``token`` as an id (Int64 when
+    every value is an integer's text, else str, as a CSV's ids), ``float`` as Float64 (kept as
+    text when a value does not parse, so the bad-row policy names the row), ``token_seq`` as
+    list[str] and ``float_seq`` as list[float], split on ``seq_separator`` (RecBole's
+    ``seq_separator``, a space), empty tokens left out. Each line is one record and a quote is
+    a character (RecBole's converters write no quoting; a title such as ``"Fresh" Wash`` stays
+    as written, where a reader with CSV quoting would strip it, or join lines at a quote never
+    closed). A header that is not RecBole's is refused, naming the field.
+
+    >>> read_recbole("dataset/ml-100k").head(1).collect().row(0)   # doctest: +SKIP
+    (196, 242, 3.0, 881250949.0)
+    """
+    return _read_recbole(path, "inter", seq_separator)
+
+
 # ---------------------------------------------------------------------------------------------
 # Item side tables
 # ---------------------------------------------------------------------------------------------
@@ -706,3 +828,17 @@ def read_retailrocket_categories(*paths: PathLike, history: bool = False) -> pl.
         .agg(pl.col(CATEGORY).sort_by(TIMESTAMP, _FILE, _LINE, nulls_last=False).last())
         .sort(ITEM, nulls_last=False)
     )
+
+
+def read_recbole_items(path: PathLike, *, seq_separator: str = " ") -> pl.LazyFrame:
+    """RecBole's item atomic file ``<dataset>.item``, read as :func:`read_recbole` reads
+    ``.inter`` (``path``: the file or the dataset folder holding ``<dataset>.item``).
+
+    RecBole's Amazon files hold ``item_id:token\tcategories:token_seq\ttitle:token\t...``:
+    ``categories`` comes out as list[str] (the attribute set ``data=recbole`` maps), the
+    MovieLens ones ``genre:token_seq`` (ml-1m) or ``class:token_seq`` (ml-100k).
+
+    >>> read_recbole_items("dataset/ml-100k").head(1).collect().row(0)   # doctest: +SKIP
+    (1, ['Toy', 'Story'], 1995, ['Animation', "Children's", 'Comedy'])
+    """
+    return _read_recbole(path, "item", seq_separator)

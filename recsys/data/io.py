@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 EventSource = str | os.PathLike | pl.DataFrame | pl.LazyFrame | pd.DataFrame
 SUPPORTED_SUFFIXES = (".csv", ".parquet", ".pq", ".csv.gz")
+# RecBole's atomic files: read by recsys.data.formats.read_recbole / read_recbole_items
+RECBOLE_SUFFIXES = (".inter", ".item", ".user", ".kg", ".link", ".net")
 # a CSV whose header holds none of these but commas is read with the one it holds
 CSV_SEPARATORS = (";", "\t", "|")
 # the first bytes of files that are not text, whatever their name says
@@ -68,6 +70,25 @@ def _suffix(path: Path) -> str:
     """A file's type as :data:`SUPPORTED_SUFFIXES` name it: ``.csv.gz`` or its last suffix."""
     name = path.name.lower()
     return ".csv.gz" if name.endswith(".csv.gz") else path.suffix.lower()
+
+
+def _recbole_hint(files: Iterable[Path], option: str) -> str:
+    """How to read RecBole atomic files among ``files`` ("" when there are none)."""
+    suffixes = {_suffix(p) for p in files}
+    if not suffixes & set(RECBOLE_SUFFIXES):
+        return ""
+    if option == "data.items":
+        return (
+            ". A RecBole <dataset>.item is read by its loader, with its fields named without "
+            "their type: 'data.items={_target_: recsys.data.formats.read_recbole_items, path: "
+            "<its dataset folder or file>}' data.item_columns.item_id=item_id (or data=recbole "
+            "for the whole dataset)"
+        )
+    return (
+        ". RecBole atomic files (<dataset>.inter, .item) are read by data=recbole "
+        "data.source.path=<the dataset folder holding them>, which maps their fields by name "
+        "without their type (user_id, not user_id:token); see the README's Public formats"
+    )
 
 
 def _hidden(file: Path, root: Path) -> bool:
@@ -202,7 +223,7 @@ def _listed(files: list[Path], root: Path) -> tuple[list[Path], list[Path]]:
             f"{root} holds {len(other)} file(s) recsys does not read: {shown}{more}. It reads "
             f"{', '.join(SUPPORTED_SUFFIXES)}; rather than leave rows out unseen, it stops: "
             "convert or decompress those files, move them out, or name the files to read with "
-            f"a glob (e.g. {root / '*.csv'})"
+            f"a glob (e.g. {root / '*.csv'}){_recbole_hint(other, '')}"
         )
     readable = [p for p in files if _suffix(p) in SUPPORTED_SUFFIXES]
     return [p for p in readable if p not in hidden], [p for p in readable if p in hidden]
@@ -280,7 +301,7 @@ def _scan_file(
     path: Path, columns: Mapping[str, bool], option: str = "data.source.path"
 ) -> pl.LazyFrame:
     """A CSV / Parquet file, folder or glob as a LazyFrame. ``columns`` names the columns wanted
-    from a CSV, True for an id or name column (see :func:`_csv_types`); ``option`` is the
+    from a CSV, True for an id or name column (see :func:`csv_types`); ``option`` is the
     setting that names it (``data.source`` or ``data.items``)."""
     expanded = _expanded(path)
     if expanded is not None:
@@ -295,7 +316,8 @@ def _scan_file(
     if suffix not in SUPPORTED_SUFFIXES:
         raise DataError(
             f"{path}: unsupported file type {suffix or '(none)'!r}; recsys reads "
-            f"{', '.join(SUPPORTED_SUFFIXES)} (convert the file or rename it if it is one of these)"
+            f"{', '.join(SUPPORTED_SUFFIXES)} (convert the file or rename it if it is one of "
+            f"these){_recbole_hint([path], option)}"
         )
     if path.stat().st_size == 0:
         what = _WHAT.get(option, "event log")
@@ -312,7 +334,7 @@ def _scan_file(
         lf = _scan_csv(path)
         if suffix == ".csv" and option == "data.source.path":  # (the bad-row policy names it)
             lf = _without_cut_field(lf, path)
-        return _csv_types(lf, columns, path)
+        return csv_types(lf, columns, path)
     try:
         return _scan_parquet(path)
     except Exception as err:  # polars and pyarrow raise several error types for corrupt files
@@ -462,7 +484,7 @@ def _as_utc(column: str, dtype: pl.DataType) -> pl.Expr:
     return utc.dt.replace_time_zone("UTC")
 
 
-def _csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.LazyFrame:
+def csv_types(lf: pl.LazyFrame, columns: Mapping[str, bool], path: Path) -> pl.LazyFrame:
     """Type the wanted ``columns`` of a CSV read as text, from every row (a column that mixes
     numbers and text stays text instead of failing half-way through a later read).
 

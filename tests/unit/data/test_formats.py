@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
@@ -23,6 +24,8 @@ from recsys.data.formats import (
     read_movielens_movies,
     read_movielens_ratings,
     read_movielens_sasrec_copy,
+    read_recbole,
+    read_recbole_items,
     read_retailrocket,
     read_retailrocket_categories,
     read_s3rec,
@@ -462,6 +465,125 @@ def test_retailrocket_category_set_after_the_training_cut_is_not_used(make_confi
     assert attributes["attribute"].to_list() == ["1338"]
 
 
+# RecBole atomic files, written exactly as RecBole's Amazon conversions lay them out: the
+# header of RecSysDatasets' Amazon_Beauty.inter / .item, tab-separated, token_seq split on spaces.
+RECBOLE_INTER = (
+    "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+    "A1YJEY40YUW4SE\t7806397051\t1.0\t1391040000.0\n"
+    "A1YJEY40YUW4SE\tB00004TMFE\t5.0\t1.3e9\n"  # before the row above: file order is no time
+    "A1YJEY40YUW4SE\t9759091062\t4.0\t1391126400\n"
+    "A1YJEY40YUW4SE\tB00004TUBL\t3.0\t1391212800.5\n"
+    "A60XNB876KYML\tB00004TUBL\t3.0\t1367193600.0\n"
+    "A60XNB876KYML\t9759091062\t5.0\t1367280000.0\n"
+    "A60XNB876KYML\t7806397051\t4.0\t1367366400.0\n"
+    "A60XNB876KYML\tB00004TMFE\t2.0\t1367452800.0\n"
+)
+RECBOLE_ITEM = (
+    "item_id:token\tcategories:token_seq\ttitle:token\tprice:float\tsales_type:token\t"
+    "sales_rank:float\tbrand:token\n"
+    "7806397051\tBeauty Makeup Face\tMoisturizing Cream\t12.5\tBeauty\t1042.0\tAcme\n"
+    '9759091062\tBeauty  Skin\t"Fresh" Face Wash\t\t\t\t\n'  # a double space, a quote, empty fields
+    "B00004TMFE\tBeauty\tLip Gloss\t3.99\tBeauty\t88.0\tFoo\n"
+    'B00004TUBL\t\t"Hair Dryer, 12 in\t29.0\tBeauty\t5.0\tBar\n'  # no category; " unclosed
+)
+
+
+def recbole_dataset(folder: Path) -> Path:
+    """A RecBole dataset folder: <data_path>/<dataset>/<dataset>.inter and .item."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write(folder / f"{folder.name}.inter", RECBOLE_INTER)
+    write(folder / f"{folder.name}.item", RECBOLE_ITEM)
+    return folder
+
+
+def test_recbole_atomic_files_are_read_and_typed_as_recbole_types_them(tmp_path):
+    folder = recbole_dataset(tmp_path / "Amazon_Beauty")
+    for path in (folder, folder / "Amazon_Beauty.inter"):  # the folder or the file
+        inter = read_recbole(path).collect()
+        assert inter.schema == {
+            "user_id": STR,
+            "item_id": STR,
+            "rating": pl.Float64,
+            "timestamp": pl.Float64,
+        }
+        assert inter.height == 8
+        assert inter["timestamp"][:4].to_list() == [1391040000.0, 1.3e9, 1391126400.0, 1391212800.5]
+    # data=recbole passes the source's path on to the items: a .inter file names its .item
+    for path in (folder, folder / "Amazon_Beauty.item", folder / "Amazon_Beauty.inter"):
+        items = read_recbole_items(path).collect()
+        assert items.schema == {
+            "item_id": STR,
+            "categories": pl.List(STR),
+            "title": STR,
+            "price": pl.Float64,
+            "sales_type": STR,
+            "sales_rank": pl.Float64,
+            "brand": STR,
+        }
+        assert items["categories"].to_list() == [
+            ["Beauty", "Makeup", "Face"],
+            ["Beauty", "Skin"],  # RecBole leaves out the empty token between two spaces
+            ["Beauty"],
+            [],
+        ]
+        assert (
+            items["title"][1] == '"Fresh" Face Wash'
+        )  # a quote inside a field, as pandas reads it
+        assert items.row(1)[3:] == (None, None, None, None)
+    ml = tmp_path / "ml-100k"
+    ml.mkdir()
+    write(
+        ml / "ml-100k.inter",
+        "user_id:token\titem_id:token\trating:float\ttimestamp:float\n196\t242\t3\t881250949\n",
+    )
+    assert read_recbole(ml).collect().rows() == [(196, 242, 3.0, 881250949.0)]  # integer ids
+
+
+def test_recbole_dataset_prepares_with_data_recbole(make_config, tmp_path):
+    """data=recbole data.source.path=<dataset folder>: float timestamps order each user's
+    events (not the file), categories become the attribute sets, every row one behaviour."""
+    from recsys.tasks import prepare as prepare_task
+
+    folder = recbole_dataset(tmp_path / "Amazon_Beauty")
+    out = tmp_path / "prepared"
+    cfg = make_config(
+        "config", ["data=recbole", f"data.source.path={folder}", f"data.prepared_dir={out}"]
+    )
+    prepare_task.run(cfg)
+    from recsys.data import PreparedDataset
+
+    events = PreparedDataset.load(out).events()
+    first = events.filter(pl.col("user_id") == "A1YJEY40YUW4SE")
+    assert first["item_id"].to_list() == ["B00004TMFE", "7806397051", "9759091062", "B00004TUBL"]
+    assert first["window"].to_list() == ["train", "train", "val", "test"]
+    assert set(events["event_type"]) == {"interaction"}
+    assert first["timestamp"][0] == datetime(2011, 3, 13, 7, 6, 40, tzinfo=UTC)
+    attributes = pl.read_parquet(out / "attributes.parquet")["attribute"].to_list()
+    assert {"Beauty", "Makeup", "Face", "Skin"} <= set(attributes)
+
+
+def test_recbole_files_refused_by_name(tmp_path):
+    folder = recbole_dataset(tmp_path / "Amazon_Beauty")
+    plain = write(tmp_path / "plain.inter", "user_id\titem_id\n1\t2\n")
+    with pytest.raises(DataError, match=r"header field 'user_id' is not RecBole's 'name:type'"):
+        read_recbole(plain)
+    bad_type = write(tmp_path / "x.inter", "user_id:token\titem_id:int\n1\t2\n")
+    with pytest.raises(DataError, match=r"header field 'item_id:int' is not"):
+        read_recbole(bad_type)
+    (folder / "Amazon_Beauty.item").unlink()
+    with pytest.raises(DataError, match=r"without Amazon_Beauty\.item.*data\.items=null"):
+        read_recbole_items(folder)
+    with pytest.raises(DataError, match=r"no Amazon_Beauty\.item beside .*data\.items=null"):
+        read_recbole_items(folder / "Amazon_Beauty.inter")
+    with pytest.raises(DataError, match=r"without other\.inter.*'Amazon_Beauty\.inter'"):
+        read_recbole(folder.rename(tmp_path / "other"))
+    # the CSV reader refuses atomic files, naming the preset that reads them
+    with pytest.raises(DataError, match=r"unsupported file type '\.inter'.*data=recbole"):
+        prepare(tmp_path / "other" / "Amazon_Beauty.inter", tmp_path / "out")
+    with pytest.raises(DataError, match=r"recsys does not read.*data=recbole"):
+        prepare(tmp_path / "other", tmp_path / "out")
+
+
 # ---------------------------------------------------------------------------------------------
 # Structural problems -> DataError naming the file
 # ---------------------------------------------------------------------------------------------
@@ -571,7 +693,9 @@ def _tiny_files(tmp_path: Path) -> dict[str, list[str]]:
     attributes = write(tmp_path / "Beauty_item2attributes.json", '{"4": [1], "83": [2]}')
     ratings = write(tmp_path / "ratings.dat", "1::1::5::978300760\n")
     events = write(tmp_path / "events.csv", EVENTS_CSV)
+    recbole = recbole_dataset(tmp_path / "Amazon_Beauty")
     return {
+        "recbole": [f"data.source.path={recbole}"],
         "taobao": [f"data.source.path={taobao}"],
         "amazon_s3rec": [f"data.source.path={s3rec}", f"data.items.path={attributes}"],
         "movielens": [f"data.source.path={ratings}", f"data.items.path={movies}"],
