@@ -759,12 +759,10 @@ def test_a_tracking_uri_with_a_typo_is_named(uri, monkeypatch):
         check_store({"enabled": True, "tracking_uri": uri})
 
 
-def test_a_runs_uri_as_runs_record_it_names_the_runs_model(tmp_path, monkeypatch):
-    """An evaluation or scoring run records its model as model.uri=runs:/<run id>/model (as
-    log_model and register_model return it), but that URI given back as model=, init_from or
-    a teacher was refused as 'no such checkpoint file'; and models:/<name> without a version
-    failed with 'not enough values to unpack'."""
-    from recsys.tracking import MODEL_ARTIFACT, done_with, resolve_model
+def _run_with_packaged_model(tmp_path, monkeypatch) -> tuple[dict, Tracker]:
+    """A logger config of a sqlite store under ``tmp_path`` and a run of it holding a packaged
+    model (``model/`` with a checkpoint whose bytes are ``weights``)."""
+    from recsys.tracking import MODEL_ARTIFACT
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     logger = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
@@ -773,8 +771,19 @@ def test_a_runs_uri_as_runs_record_it_names_the_runs_model(tmp_path, monkeypatch
     packaged.mkdir(parents=True)
     (packaged / "model.ckpt").write_bytes(b"weights")
     run = Tracker.from_config(logger)
-    uri = f"runs:/{run.run_id}/{MODEL_ARTIFACT}"
     run.log_artifact(packaged.parent, MODEL_ARTIFACT)
+    return logger, run
+
+
+def test_a_runs_uri_as_runs_record_it_names_the_runs_model(tmp_path, monkeypatch):
+    """An evaluation or scoring run records its model as model.uri=runs:/<run id>/model (as
+    log_model and register_model return it), but that URI given back as model=, init_from or
+    a teacher was refused as 'no such checkpoint file'; and models:/<name> without a version
+    failed with 'not enough values to unpack'."""
+    from recsys.tracking import MODEL_ARTIFACT, done_with, resolve_model
+
+    logger, run = _run_with_packaged_model(tmp_path, monkeypatch)
+    uri = f"runs:/{run.run_id}/{MODEL_ARTIFACT}"
     path, tags = resolve_model(uri, logger)
     assert path.read_bytes() == b"weights"
     assert tags == {"model.uri": uri, "model.run_id": run.run_id}
@@ -792,19 +801,12 @@ def test_a_failed_download_of_a_runs_model_is_not_read_as_a_run_without_one(tmp_
     failure is raised as it is, and a run without either names where its artifacts are."""
     import tempfile
 
-    from recsys.tracking import MODEL_ARTIFACT, resolve_model
+    from recsys.tracking import resolve_model
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    logger = {"enabled": True, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    logger["artifact_root"] = str(tmp_path / "artifacts")
-    packaged = tmp_path / "packaged" / "artifacts"
-    packaged.mkdir(parents=True)
-    (packaged / "model.ckpt").write_bytes(b"weights")
-    run = Tracker.from_config(logger)
-    run.log_artifact(packaged.parent, MODEL_ARTIFACT)
+    logger, run = _run_with_packaged_model(tmp_path, monkeypatch)
 
     def cut_off(self, artifact_path, dst):
         raise ConnectionError("Connection reset by peer")
