@@ -175,7 +175,9 @@ class CheckSweep(Callback):
     jobs before it have trained. So does an ``init_from`` or teacher
     (``training.distillation.teachers``) that names no model (:func:`recsys.tasks.train.
     check_references`). Only Hydra's basic sweeper's jobs can be listed in advance;
-    only the jobs that train or prepare are checked."""
+    the jobs that train or prepare are checked, and of a ``pipelines.score`` or
+    ``pipelines.evaluate`` sweep the output each job would write (one fixed
+    ``retrieval.output.path`` or ``per_target`` file: each job's replaced the one before)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -186,15 +188,18 @@ class CheckSweep(Callback):
         from recsys.tasks import main, prepare, train
 
         name = config.hydra.job.name
-        check = {
+        checks = {
             "run": main.check_config,
             "train": train.check_config,
             "prepare": prepare.check_config,
-        }.get(name)
-        if check is None or not str(config.hydra.sweeper.get("_target_", "")).endswith(
+            "score": None,  # (their outputs only: each job fetches and checks its model)
+            "evaluate": None,
+        }
+        if name not in checks or not str(config.hydra.sweeper.get("_target_", "")).endswith(
             "BasicSweeper"
         ):
             return
+        check = checks[name]
         loader = GlobalHydra.instance().hydra.config_loader  # type: ignore[union-attr]
         params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
         arguments = params + list(config.hydra.overrides.task)
@@ -207,7 +212,7 @@ class CheckSweep(Callback):
             for number, job in enumerate(jobs):
                 try:
                     task = _sweep_job_config(loader, config, list(job), number)
-                    trains = name != "prepare"
+                    trains = name in ("run", "train")
                     held = (
                         trains
                         and not task.get("resume")
@@ -219,22 +224,31 @@ class CheckSweep(Callback):
                             " sweep into another hydra.sweep.dir (or none: each sweep then gets "
                             "its own)"
                         )
-                    check(task)
-                    _check_sweep_inputs(task)
+                    if check is not None:
+                        check(task)
+                        _check_sweep_inputs(task)
                     if trains:  # a checkpoint or MLflow run that is not there
                         train.check_references(task, references)
                     outputs = {"paths.run_dir": task.paths.run_dir}
-                    if name == "run":
+                    if name in ("run", "score"):
                         outputs["retrieval.output.path"] = task.retrieval.output.path
-                    if not trains and task.data.get("prepared_dir"):  # else in paths.run_dir
+                    if name == "prepare" and task.data.get("prepared_dir"):  # else in run_dir
                         outputs["data.prepared_dir"] = task.data.prepared_dir
+                    if name == "evaluate" and task.get("per_target"):
+                        outputs["per_target"] = task.per_target
                     for option, folder in outputs.items():
                         folder = os.path.abspath(str(folder))
                         if folder in writers:
+                            own = (
+                                "name it in the job's folder: "
+                                "per_target='${paths.run_dir}/targets.parquet'"
+                                if option == "per_target"
+                                else "leave it at its default, which follows the job's "
+                                "folder, or sweep it too"
+                            )
                             raise FileExistsError(
                                 f"{option}={folder} is also job {writers[folder]}'s: each job "
-                                "needs its own (leave it at its default, which follows the "
-                                "job's folder, or sweep it too)"
+                                f"needs its own ({own})"
                             )
                         writers[folder] = number
                 except Exception as err:

@@ -1946,6 +1946,43 @@ def test_a_sweep_with_one_bad_value_stops_before_any_job_runs(tmp_path, pipeline
     assert not out.exists()  # no sweep folder, no job folder
 
 
+@pytest.mark.parametrize(
+    ("pipeline", "sweep", "expected"),
+    [
+        (  # each job replaced the one before (with overwrite=true: silently, exit status 0)
+            "pipelines.score",
+            ["retrieval.output.path={configs}/recs", "retrieval.top_k=5,10"],
+            "job 1 of the sweep's 2 (model_ref={configs}/model.ckpt retrieval.output.path=",
+        ),
+        (  # job 1 refused after job 0's evaluation; two at once (joblib): the last file stayed
+            "pipelines.evaluate",
+            ["per_target={configs}/targets.parquet", "users=null,{configs}/users.csv"],
+            "job 1 of the sweep's 2 (model_ref={configs}/model.ckpt per_target=",
+        ),
+    ],
+)
+def test_a_score_or_evaluate_sweep_writing_one_output_stops_before_any_job_runs(
+    tmp_path, pipeline, sweep, expected
+):
+    """A ``pipelines.score`` sweep (one model over several settings or ``users=`` segments)
+    with one fixed ``retrieval.output.path``, or a ``pipelines.evaluate`` sweep with one
+    ``per_target`` file, is refused before its first job (recsys.config.CheckSweep), as a
+    ``pipelines.run`` sweep's is: its jobs would each write the one output, the last job's
+    replacing the others' (or, without overwrite, job 1 refused after job 0's work)."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    sweep = [argument.format(configs=configs) for argument in sweep]
+    out = tmp_path / "outputs"
+    command = [sys.executable, "-m", pipeline, "-m", f"model={configs}/model.ckpt", *sweep]
+    command += [*TINY_DATA, "logger=none", f"paths.output_dir={out}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert expected.format(configs=configs) in last and last.endswith("No job was run"), last
+    assert "each job needs its own" in last, last
+    assert not out.exists()  # no sweep folder, no job folder
+
+
 @pytest.mark.slow
 def test_a_model_trained_order_only_is_not_evaluated_on_the_log_with_its_timestamps(make_config):
     """Evaluation had no order-only / timed check (scoring has, score.check_columns): an ATRank
