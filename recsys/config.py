@@ -135,15 +135,30 @@ def launch_directory() -> Iterator[None]:
         os.chdir(here)
 
 
+RUN_FOLDER_LOCK = ".lock"  # a training's run folder: held while it runs (train.hold_run_folder)
+
+
 class GuardRunFolder(Callback):
-    """Hydra callback: refuse a training whose ``hydra.run.dir`` holds a finished training
-    (its checkpoints) unless ``resume`` continues it, before Hydra writes its ``.hydra/``
-    files and opens the folder's ``run.log``: refused later (:func:`recsys.tasks.train.
-    check_run_folder`), the job would already have replaced the earlier run's config record
-    and ended its log with this job's failure. Only for the jobs that train."""
+    """Hydra callback: refuse a training whose ``hydra.run.dir`` a training running now holds
+    (:func:`running_training`), or that holds a finished training (its checkpoints) unless
+    ``resume`` continues it, before Hydra writes its ``.hydra/`` files and opens the folder's
+    ``run.log``: refused later (:func:`recsys.tasks.train.hold_run_folder`, :func:`recsys.
+    tasks.train.check_run_folder`), the job would already have replaced that run's config
+    record with its own and written its failure into that run's log. Only for the jobs that
+    train."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.job.name not in ("run", "train") or config.get("resume") is not None:
+        if config.hydra.job.name not in ("run", "train"):
+            return
+        running = running_training(Path(config.hydra.run.dir))
+        if running:
+            raise SystemExit(
+                f"FileExistsError: hydra.run.dir={config.hydra.run.dir} is in use by a job "
+                f"running now ({running}): wait for it to end (then resume=last continues "
+                "it), or run into another folder (a new hydra.run.dir=..., or none: each job "
+                "then gets its own); nothing was written there"
+            )
+        if config.get("resume") is not None:
             return
         held = held_training(Path(config.hydra.run.dir))
         if held:
@@ -155,6 +170,14 @@ class GuardRunFolder(Callback):
                 "(a new hydra.run.dir=..., or none: each job then gets its own); nothing was "
                 "written there"
             )
+
+
+def running_training(run_dir: Path) -> str | None:
+    """The process of a training running in ``run_dir`` now, as it names itself in the
+    folder's lock (:func:`recsys.tasks.train.hold_run_folder`); None: none."""
+    from recsys import locks
+
+    return locks.holder(run_dir / RUN_FOLDER_LOCK)
 
 
 def held_training(run_dir: Path) -> str | None:

@@ -86,6 +86,28 @@ def hold(lock: Path, refusal: Callable[[str], str]) -> int | None:
     return fd
 
 
+def holder(lock: Path) -> str | None:
+    """The process holding ``lock``, a lock file of :func:`hold`, as it wrote itself there
+    (``process <pid> on <host>``); None when no process holds it, it is absent, or there are
+    no locks. Looks with a shared lock taken for a moment and let go: a job taking ``lock`` in
+    that moment is refused, as it would be by the caller, which is about to take it too."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # absent, or unreadable: nothing known
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 100).decode(errors="replace").strip() or "another process"
+    except OSError:  # a filesystem without locks (:func:`flock` names it when a job holds)
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
 def hold_folder(folder: Path) -> int | None:
     """Hold ``folder``, a staging folder this job has just made, while it writes there: an
     advisory ``flock`` on the folder itself, gone with the process however it ends, by which

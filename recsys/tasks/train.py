@@ -41,6 +41,7 @@ from recsys.checkpoint import (
     write_scoring_checkpoint,
 )
 from recsys.config import (
+    RUN_FOLDER_LOCK,
     check_required,
     event_schema,
     prepare_settings,
@@ -1057,7 +1058,7 @@ def check_run_folder(cfg: DictConfig) -> None:
 
 
 _HELD: set[Path] = set()  # the run folders this process holds (see hold_run_folder)
-LOCK_FILE = ".lock"
+LOCK_FILE = RUN_FOLDER_LOCK
 
 
 @contextmanager

@@ -2096,6 +2096,39 @@ def test_a_training_refused_for_its_run_folder_leaves_that_folder_untouched(tmp_
     assert {p: p.read_text() for p in run_dir.rglob("*") if p.is_file()} == kept
 
 
+@pytest.mark.parametrize("resume", [[], ["resume=last"]])
+def test_a_job_refused_for_a_run_folder_in_use_leaves_that_jobs_records_untouched(tmp_path, resume):
+    """A second job into the run folder a training works in right now, before that training's
+    first checkpoint (a scheduler's overlapping start, during a long preparation): it was
+    refused by the folder's lock only after Hydra had replaced the running job's .hydra/
+    record with this job's settings and written "train job failed" into its log. Refused
+    before Hydra writes there (recsys.config.GuardRunFolder), naming the holder."""
+    from recsys import locks
+    from recsys.tasks.train import LOCK_FILE
+
+    run_dir = tmp_path / "night1"
+    (run_dir / ".hydra").mkdir(parents=True)
+    kept = {
+        run_dir / ".hydra" / "overrides.yaml": "- model.dropout=0.1\n",
+        run_dir / "train.log": "... preparing\n",
+    }
+    for path, text in kept.items():
+        path.write_text(text)
+    fd = locks.hold(run_dir / LOCK_FILE, str)  # the running job, as hold_run_folder holds it
+    try:
+        command = [sys.executable, "-m", "pipelines.train", *TINY, "logger=none"]
+        command += ["model.dropout=0.3", f"hydra.run.dir={run_dir}", *resume]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        os.close(fd)
+    assert done.returncode != 0
+    assert f"hydra.run.dir={run_dir} is in use by a job running now (process {os.getpid()} " in (
+        done.stderr
+    ), done.stderr[-2000:]
+    written = {p: p.read_text() for p in run_dir.rglob("*") if p.is_file()}
+    assert {p: t for p, t in written.items() if p.name != LOCK_FILE} == kept
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"), [([], "train"), (["task_name=nightly"], "nightly")]
 )
