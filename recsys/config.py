@@ -236,6 +236,13 @@ class CheckSweep(Callback):
                 try:
                     task = _sweep_job_config(loader, config, list(job), number)
                     trains = name in ("run", "train")
+                    running = trains and running_training(Path(task.paths.run_dir))
+                    if running:  # (an overlapping sweep into the same hydra.sweep.dir)
+                        raise FileExistsError(
+                            f"its folder {task.paths.run_dir} is in use by a job running now "
+                            f"({running}): sweep into another hydra.sweep.dir (or none: each "
+                            "sweep then gets its own)"
+                        )
                     held = (
                         trains
                         and not task.get("resume")

@@ -2027,27 +2027,42 @@ def test_evaluate_and_score_read_histories_as_trained_and_say_so(
     assert "max_seq_len: 20 (data.max_seq_len: 7); time_buckets: {" in caplog.text
 
 
-def test_a_sweep_into_a_sweep_folder_that_holds_trainings_is_refused_untouched(tmp_path):
+@pytest.mark.parametrize("running", [False, True])
+def test_a_sweep_into_a_sweep_folder_that_holds_trainings_is_refused_untouched(tmp_path, running):
     """The same -m command again with the same hydra.sweep.dir: each job was refused, but only
     after Hydra had rewritten the earlier jobs' .hydra/ records (with settings those
-    checkpoints were not trained with) and multirun.yaml."""
+    checkpoints were not trained with) and multirun.yaml. So was it while that sweep's job
+    was still training, before its first checkpoint (two overlapping scheduled sweeps)."""
+    from recsys import locks
+    from recsys.tasks.train import LOCK_FILE
+
     sweep = tmp_path / "multi"
     kept = {
-        sweep / "0" / "checkpoints" / "best.ckpt": "weights",
         sweep / "0" / ".hydra" / "overrides.yaml": "- model.num_heads=1\n",
         sweep / "multirun.yaml": "earlier sweep\n",
     }
+    if not running:
+        kept[sweep / "0" / "checkpoints" / "best.ckpt"] = "weights"
     for path, text in kept.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    command = [sys.executable, "-m", "pipelines.train", "-m", "model.num_heads=1,2", *TINY]
-    command += ["logger=none", f"hydra.sweep.dir={sweep}"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    fd = locks.hold(sweep / "0" / LOCK_FILE, str) if running else None
+    try:
+        command = [sys.executable, "-m", "pipelines.train", "-m", "model.num_heads=1,2", *TINY]
+        command += ["logger=none", f"hydra.sweep.dir={sweep}"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        if fd is not None:
+            os.close(fd)
     assert done.returncode == 1
-    assert f"its folder {sweep / '0'} already holds a training (checkpoints/best.ckpt)" in (
-        done.stderr
+    expected = (
+        f"its folder {sweep / '0'} is in use by a job running now (process {os.getpid()} "
+        if running
+        else f"its folder {sweep / '0'} already holds a training (checkpoints/best.ckpt)"
     )
-    assert {p: p.read_text() for p in sweep.rglob("*") if p.is_file()} == kept
+    assert expected in done.stderr, done.stderr[-2000:]
+    written = {p: p.read_text() for p in sweep.rglob("*") if p.is_file()}
+    assert {p: t for p, t in written.items() if p.name != LOCK_FILE} == kept
 
 
 def test_a_failed_pipeline_exits_non_zero_and_says_why_in_its_run_log(tmp_path):
