@@ -2151,8 +2151,9 @@ def test_train_pipeline_keeps_a_task_name_given_on_the_command_line(tmp_path, ov
     """pipelines.train names its runs "train" instead of the main job's "main", but a
     task_name=... override (the MLflow run name of a scheduled retraining) is kept."""
     script = (
-        "import runpy; import recsys.tasks.train as t; "
-        "t.run = lambda cfg: print('TASK_NAME', cfg.task_name); "
+        "import runpy, types; import recsys.tasks.train as t; "
+        "t.run = lambda cfg: print('TASK_NAME', cfg.task_name) or types.SimpleNamespace("
+        "best_val={}); "
         "runpy.run_module('pipelines.train', run_name='__main__')"
     )
     command = [sys.executable, "-c", script, "logger=none", f"hydra.run.dir={tmp_path}", *overrides]
