@@ -367,6 +367,7 @@ def check_required(cfg: DictConfig, *, model_given: bool = False, tracked: bool 
 # every top-level key of conf/config.yaml, conf/evaluate.yaml and conf/score.yaml
 TOP_LEVEL_KEYS = frozenset(
     {"task_name", "seed", "resume", "init_from", "model_ref", "users", "per_target", "splits"}
+    | {"other_data"}
     | {"paths", "data", "training", "model", "trainer", "callbacks", "logger", "retrieval"}
     | {"hydra"}
 )

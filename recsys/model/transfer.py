@@ -70,8 +70,11 @@ def vocabulary_rows(encoder: torch.nn.Module) -> Mapping[str, str]:
     return rows
 
 
-def _matches(old: pl.DataFrame, new: pl.DataFrame, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (old, new) of the entries whose ``key`` (a raw id) both tables hold. Integer ids
+def matching_rows(
+    old: pl.DataFrame, new: pl.DataFrame, key: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (old, new) of the entries whose ``key`` (a raw id) both tables hold (also how
+    ``pipelines.evaluate other_data=true`` finds a model's items in other data). Integer ids
     match by value whatever their width or sign (an export whose ids became UInt64 keeps its
     rows); ids of another kind (text against integers) match nothing."""
     old_type, new_type = old.schema[key], new.schema[key]
@@ -95,7 +98,7 @@ def carry_over(
     another weight's shape differs or either model has a weight the other lacks, TypeError for
     an encoder without ``VOCABULARY_ROWS``."""
     rows = vocabulary_rows(target)
-    old_items, new_items = _matches(source_vocab.items, target_vocab.items, ITEM)
+    old_items, new_items = matching_rows(source_vocab.items, target_vocab.items, ITEM)
     if old_items.numel() == 0:
         raise LookupError(
             "the model's vocabulary shares no item id with this run's "
@@ -103,7 +106,9 @@ def carry_over(
             f"{source_vocab.items[ITEM].head(3).to_list()}; this run's "
             f"{target_vocab.items.schema[ITEM]}, e.g. {target_vocab.items[ITEM].head(3).to_list()})"
         )
-    old_attrs, new_attrs = _matches(source_vocab.attributes, target_vocab.attributes, ATTRIBUTE)
+    old_attrs, new_attrs = matching_rows(
+        source_vocab.attributes, target_vocab.attributes, ATTRIBUTE
+    )
     index = {"item": (old_items, new_items), "attribute": (old_attrs, new_attrs)}
     reserved = torch.arange(NUM_RESERVED)
     old_state, state = source.state_dict(), target.state_dict()

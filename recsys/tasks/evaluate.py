@@ -42,7 +42,7 @@ from recsys.model.transition import (
     check_prior_settings,
 )
 from recsys.retrieval.output import write_atomically
-from recsys.schema import ITEM, NUM_RESERVED
+from recsys.schema import ITEM, NUM_RESERVED, UNK_IDX
 from recsys.tasks import prepare
 from recsys.tasks.score import check_columns
 from recsys.tasks.train import (
@@ -56,6 +56,7 @@ from recsys.tracking import Tracker, code_tags, load_model, use_tracker
 from recsys.training.evaluation import (
     TargetRecords,
     evaluate,
+    item_index_map,
     pick_device,
     protocol_tags,
     warn_of_few_targets,
@@ -295,6 +296,82 @@ def _other_id_type(model: LoadedModel, vocab: Vocab, ref) -> str:
     return ""
 
 
+def _other_vocabulary(
+    model: LoadedModel, datamodule: SeqRecDataModule, ref, prepared_dir: Path
+) -> str:
+    """Why a model is not evaluated on data prepared with another vocabulary than its own
+    (without ``other_data=true``)."""
+    # named as the user gave it: a model fetched from MLflow sits in a temporary copy
+    if cause := _other_id_type(model, datamodule.vocab, ref):
+        return cause
+    recorded = (model.data_settings or {}).get("source")
+    trained_on = f": it was trained on data.source={recorded}" if recorded else ""
+    return (
+        f"{prepared_dir} was prepared with another vocabulary than model={ref} "
+        f"(different data or data settings: this data's fingerprint "
+        f"{datamodule.stats['fingerprint']}, the model's {model.data_fingerprint}): a model "
+        "is evaluated on the data it was trained on (its own test window): give this job "
+        f"the data settings of its training (the same data=... overrides{trained_on}, or "
+        "data.prepared_dir=<the folder it was trained on>). To measure it on this data's "
+        "windows instead (last night's model on tonight's log, beside tonight's model), add "
+        "other_data=true: its items are matched by id and the targets it never learnt count "
+        'as misses (README "Scheduled retraining")'
+    )
+
+
+def _unknown_targets(metrics: dict[str, float], splits: tuple[str, ...]) -> list[str]:
+    """``other_data=true``: each split's targets the model never learnt, for a message."""
+    return [f"{int(metrics[f'{split}/model_unknown_targets'])} {split}" for split in splits]
+
+
+def refuse_other_data_settings(cfg: DictConfig) -> None:
+    """``other_data=true``'s settings, before the data is prepared: the evaluation settings
+    that would read this data's item indices as the model's are refused."""
+    problems = []
+    if cfg.training.get("transition_prior") is not None:
+        problems.append(
+            f"training.transition_prior={cfg.training.transition_prior} counts this data's "
+            "item pairs, which the model's item indices do not index: leave it null (the "
+            "model's own prior, from its checkpoint, still applies)"
+        )
+    if cfg.training.get("sampled_metrics"):
+        problems.append(
+            "training.sampled_metrics draws each target's negatives from the evaluated model's "
+            "catalogue, so two models of different vocabularies would not meet the same "
+            "negatives: set training.sampled_metrics=null"
+        )
+    if problems:
+        raise ValueError("other_data=true: " + "; ".join(problems))
+
+
+def _other_data_items(model: LoadedModel, datamodule: SeqRecDataModule, ref) -> torch.Tensor:
+    """``other_data=true``: the data's item indices -> the model's (:func:`item_index_map`),
+    logged; refused when the model knows none of the data's items (another shop's model, or
+    ids of another type)."""
+    data = datamodule.vocab
+    item_map = item_index_map(model.vocab, data)
+    known = int((item_map[NUM_RESERVED:] != UNK_IDX).sum())
+    if not known:
+        raise ValueError(
+            f"other_data=true: model={ref} knows none of this data's {data.items.height} items "
+            f"(its ids {model.vocab.items.schema[ITEM]}, e.g. "
+            f"{model.vocab.items[ITEM].head(3).to_list()}; this data's "
+            f"{data.items.schema[ITEM]}, e.g. {data.items[ITEM].head(3).to_list()}): evaluate "
+            "it on a log of the catalogue it was trained on (and data.columns.item mapped to "
+            "the same ids)"
+        )
+    log.info(
+        "other_data=true: model=%s (trained on data %s) is evaluated on data %s: it knows %d of "
+        "its %d items (matched by id); a target whose item it never learnt counts as a miss",
+        ref,
+        model.data_fingerprint,
+        datamodule.stats["fingerprint"],
+        known,
+        data.items.height,
+    )
+    return item_map
+
+
 def run(
     cfg: DictConfig,
     checkpoint: str | Path | None = None,
@@ -346,15 +423,27 @@ def run(
         splits="/".join("validation" if s == "val" else s for s in splits),
         trained_by=f"model={ref} was trained (by its training.behavior_weights)",
     )
-    # before the data is prepared: the data settings its checkpoint records
-    prepare.refuse_other_settings(
-        model.data_settings,
-        cfg,
-        trained=f"model={ref}",
-        fix="a model is evaluated on the data it was trained on (its own test window): give "
-        "this job the data settings of its training",
-        otherwise=", e.g. the same +experiment=<name> or data=... overrides as its training",
-    )
+    other_data = bool(cfg.get("other_data"))
+    if other_data:  # this job's data settings make the windows the model is measured on
+        refuse_other_data_settings(cfg)
+        differences = model.data_settings and prepare.data_differences(model.data_settings, cfg)[0]
+        if differences:
+            log.info(
+                "model=%s was trained on data prepared with other settings (%s): other_data=true "
+                "evaluates it on this job's",
+                ref,
+                prepare.listed(differences),
+            )
+    else:  # before the data is prepared: the data settings its checkpoint records
+        prepare.refuse_other_settings(
+            model.data_settings,
+            cfg,
+            trained=f"model={ref}",
+            fix="a model is evaluated on the data it was trained on (its own test window): give "
+            "this job the data settings of its training",
+            otherwise=", e.g. the same +experiment=<name> or data=... overrides as its training, "
+            "or other_data=true to evaluate it on this job's data",
+        )
     prepared_now = prepared_dir is None and not cfg.data.prepared_dir  # into this run's folder
     prepared_dir = prepared_dir or prepare.prepared(cfg)
     datamodule = SeqRecDataModule(
@@ -364,25 +453,19 @@ def run(
         time_buckets=model.time_buckets,  # (and data.time_buckets)
         width_multiple=width_multiple(multiple, device),
     )
+    item_map = None
     if datamodule.vocab.content_hash() != model.vocab.content_hash():
-        if prepared_now:  # a refused job leaves no copy of the log behind
-            shutil.rmtree(prepared_dir, ignore_errors=True)
-        recorded = (model.data_settings or {}).get("source")
-        trained_on = f": it was trained on data.source={recorded}" if recorded else ""
-        # named as the user gave it: a model fetched from MLflow sits in a temporary copy
-        if cause := _other_id_type(model, datamodule.vocab, ref):
-            raise ValueError(cause)
-        raise ValueError(
-            f"{prepared_dir} was prepared with another vocabulary than model={ref} "
-            f"(different data or data settings: this data's fingerprint "
-            f"{datamodule.stats['fingerprint']}, the model's {model.data_fingerprint}): a model "
-            "is evaluated on the data it was trained on (its own test window): give this job "
-            f"the data settings of its training (the same data=... overrides{trained_on}, or "
-            "data.prepared_dir=<the folder it was trained on>). A model trained on an earlier "
-            "log cannot be evaluated on a newer one; compare models of different logs by their "
-            "training runs' test/* against the baselines measured beside them (README "
-            '"Scheduled retraining")'
-        )
+        try:
+            if other_data:
+                item_map = _other_data_items(model, datamodule, ref)
+            else:
+                raise ValueError(_other_vocabulary(model, datamodule, ref, prepared_dir))
+        except ValueError:
+            if prepared_now:  # a refused job leaves no copy of the log behind
+                shutil.rmtree(prepared_dir, ignore_errors=True)
+            raise
+    elif other_data:
+        log.info("other_data=true: model=%s was trained on this data (the same vocabulary)", ref)
     datamodule.setup()
     stats = datamodule.stats
     transitions = store_transitions(datamodule)  # the first-order prior's
@@ -390,11 +473,11 @@ def run(
     train_counts, transitions = baseline_counts(datamodule, transitions)
     candidates = {
         "": _evaluation_module(cfg, model.encoder, model.vocab, stats, **prior_arguments(prior)),
-        # one stage: popularity has nothing to re-rank with
+        # one stage: popularity has nothing to re-rank with; the baselines are this data's
         "popularity_": _evaluation_module(
             cfg,
             Popularity(torch.tensor(train_counts)),
-            model.vocab,
+            datamodule.vocab,
             stats,
             rerank_top_n=0,
             transition_prior=None,
@@ -402,7 +485,7 @@ def run(
         "transition_": _evaluation_module(
             cfg,
             Transition(transitions, torch.tensor(train_counts)),
-            model.vocab,
+            datamodule.vocab,
             stats,
             rerank_top_n=0,
             transition_prior=None,
@@ -433,6 +516,7 @@ def run(
                     description=progress_label(split, segment, prefix),
                     segment=bool(segment),
                     records=records.get(split) if not segment and not prefix else None,
+                    item_map=None if prefix else item_map,
                 )
                 metrics.update({f"{split}/{segment}{prefix}{k}": v for k, v in values.items()})
     # how the numbers were measured and of which model: the run's tags, and the per-target file's
@@ -451,9 +535,14 @@ def run(
         "model.data_fingerprint": str(model.data_fingerprint),
         "task": cfg.task_name,
     }
+    if item_map is not None:  # (not protocol.*: the protocol is this data's, as for its own model)
+        tags["model.other_data"] = (
+            "trained on other data: items matched by id, targets of items it never learnt "
+            f"counted as misses ({', '.join(_unknown_targets(metrics, splits))})"
+        )
     if target_file:
         table = pl.concat(
-            records[split].frame(split, datamodule.store.user_id, model.vocab.items[ITEM])
+            records[split].frame(split, datamodule.store.user_id, datamodule.vocab.items[ITEM])
             for split in splits
         )
         target_file.parent.mkdir(parents=True, exist_ok=True)
@@ -471,6 +560,12 @@ def run(
     k = headline_k(cfg.training.metric_ks)
     if prior is not None:
         log.info("the model's scores include the transition prior %s", prior.settings())
+    if item_map is not None:
+        log.info(
+            "targets whose item model=%s never learnt, counted as misses: %s",
+            ref,
+            ", ".join(_unknown_targets(metrics, splits)),
+        )
     for split in splits:
         log.info(
             "%s NDCG@%d %.4f (popularity %.4f, transition %.4f), "

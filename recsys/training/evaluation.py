@@ -5,6 +5,7 @@ the metric code the LightningModule logs during validation; each target's metric
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -22,7 +23,9 @@ from tqdm.auto import tqdm
 from recsys.data.batch import SeqBatch
 from recsys.data.io import DataError, cast_ids, read_user_list
 from recsys.data.validate import canonical_id_type
-from recsys.schema import NUM_RESERVED
+from recsys.data.vocab import Vocab
+from recsys.model.transfer import matching_rows
+from recsys.schema import ITEM, NUM_RESERVED, UNK_IDX
 from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
 
@@ -62,6 +65,7 @@ def evaluate(
     description: str = "eval",
     segment: bool = False,
     records: TargetRecords | None = None,
+    item_map: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Mean of every per-row metric of ``module.evaluation_metrics`` over ``loader`` (the
     ``split`` targets, reported as the module reports that split: see
@@ -72,20 +76,61 @@ def evaluate(
     ``unknown_targets=miss`` scales by is the whole split's, not the segment's), and each comes
     with its standard error as ``<metric>_stderr``.
 
-    ``records``: each row's metrics are added to it as well (a per-target table)."""
+    ``records``: each row's metrics are added to it as well (a per-target table).
+
+    ``item_map``: the module's model was trained on other data (``pipelines.evaluate
+    other_data=true``): each item index of the loader's data -> the model's index of the same
+    item (UNK where the model never learnt it, :func:`item_index_map`). Batches are read
+    through it; a target the model never learnt counts as a miss (0 in every metric), and
+    their number is returned as ``model_unknown_targets``. The records keep the data's
+    targets."""
     module = module.to(device).eval()
     totals = MeanAccumulator()
     coverage = CoverageAccumulator(module.encoder.num_items, module.metric_ks)
+    unknown = 0
+    if item_map is not None:
+        item_map = item_map.to(device)
     for batch in tqdm(loader, desc=description, leave=False, mininterval=2.0):
         batch = batch.to(device)
-        values = module.evaluation_metrics(batch, coverage)
+        if item_map is None:
+            values = module.evaluation_metrics(batch, coverage)
+        else:
+            mapped = in_model_items(batch, item_map)
+            values = module.evaluation_metrics(mapped, coverage)
+            missed = mapped.target_item == UNK_IDX
+            unknown += int(missed.sum())
+            values = {name: value.masked_fill(missed, 0) for name, value in values.items()}
         totals.update(values)
         if records is not None:
             records.update(batch, values)
+    counted = {} if item_map is None else {"model_unknown_targets": unknown}
     if segment:
         errors = {f"{name}_stderr": value for name, value in totals.standard_errors().items()}
-        return {**totals.compute(), **errors, **coverage.compute()}
-    return {**module.per_target_means(split, totals.compute()), **coverage.compute()}
+        return {**totals.compute(), **errors, **coverage.compute(), **counted}
+    return {**module.per_target_means(split, totals.compute()), **coverage.compute(), **counted}
+
+
+def item_index_map(model_vocab: Vocab, data_vocab: Vocab) -> torch.Tensor:
+    """(items of ``data_vocab``,) long: each item index of the data -> the index of the same
+    raw id in ``model_vocab`` (UNK where the model lacks it; PAD and UNK as they are), for
+    :func:`evaluate`'s ``item_map``. Matched as a warm start matches them
+    (:func:`recsys.model.transfer.matching_rows`)."""
+    model_rows, data_rows = matching_rows(model_vocab.items, data_vocab.items, ITEM)
+    index = torch.full((data_vocab.num_items,), UNK_IDX, dtype=torch.long)
+    index[:NUM_RESERVED] = torch.arange(NUM_RESERVED)
+    index[data_rows] = model_rows
+    return index
+
+
+def in_model_items(batch: SeqBatch, item_map: torch.Tensor) -> SeqBatch:
+    """``batch`` with its item indices (history, target, seen items) read through
+    ``item_map`` (:func:`item_index_map`): the batch as a model of another vocabulary reads it."""
+    return dataclasses.replace(
+        batch,
+        item=item_map[batch.item],
+        target_item=item_map[batch.target_item],
+        seen_item=None if batch.seen_item is None else item_map[batch.seen_item],
+    )
 
 
 # Below this many targets a split's metrics cannot resolve 0.01: one target moves HR@K by

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from recsys.checkpoint import FORMAT_VERSION as CHECKPOINT_FORMAT
 from recsys.checkpoint import load_checkpoint, model_digest
 from recsys.data.io import DataError
 from recsys.data.pipeline import FORMAT_VERSION, STATS_FILE, load_stats
+from recsys.schema import NUM_RESERVED
 from recsys.tasks import evaluate, main, prepare, score, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -722,6 +724,150 @@ def test_evaluating_a_model_on_another_log_names_the_model_as_given(main_run, ma
             evaluate.run(cfg)
         assert f"({fix})" in str(info.value), str(info.value)
         assert not Path(cfg.paths.run_dir).exists() or not written(Path(cfg.paths.run_dir))
+
+
+def test_last_nights_model_on_tonights_log_compares_with_tonights_model(
+    main_run, make_config, tmp_path
+):
+    """Scheduled retraining's promotion question: is tonight's model better than last night's
+    champion? other_data=true measures the champion on tonight's windows (refused without it:
+    another vocabulary), beside tonight's baselines, with the targets whose item it never
+    learnt counted as misses: the same targets as tonight's model's evaluation, so the two
+    per-target files compare pair by pair."""
+    from recsys.data.synthetic import generate_events
+    from recsys.training.evaluation import compare_per_target
+
+    cfg, result = main_run
+    champion = result.checkpoint
+    # tonight's log: more users, and ten items replaced by new ones the champion never saw
+    events = generate_events(num_users=300, num_items=120, num_categories=8, seed=42)
+    replaced = events["item_id"].unique().sort().head(10)
+    events = events.with_columns(
+        pl.when(pl.col("item_id").is_in(replaced.implode()))
+        .then(pl.col("item_id") + 10**9)
+        .otherwise(pl.col("item_id"))
+    )
+    log_file = tmp_path / "events-tonight.parquet"
+    events.write_parquet(log_file)
+    data = ["data=events_file", f"data.source={log_file}", "data.columns.category=category"]
+    data += ["data.max_seq_len=20", "training.rerank_top_n=20", "logger=none"]
+    small = ["model.d_model=16", "model.num_layers=1", "trainer.max_epochs=2"]
+    trained = train.run(make_config("config", [*data, *small, "retrieval.rerank_top_n=20"]))
+    tonight = [*data, f"data.prepared_dir={trained.prepared_dir}", "splits=[val,test]"]
+    files = {name: tmp_path / f"{name}.parquet" for name in ("champion", "tonight")}
+    with pytest.raises(ValueError, match="add other_data=true"):  # not without asking
+        evaluate.run(make_config("evaluate", [f"model_ref={champion}", *tonight]))
+    found = {
+        name: evaluate.run(
+            make_config(
+                "evaluate",
+                [f"model_ref={ref}", *tonight, f"per_target={files[name]}"]
+                + (["other_data=true"] if name == "champion" else []),
+            )
+        )
+        for name, ref in (("champion", champion), ("tonight", trained.checkpoint))
+    }
+    # the windows and baselines are tonight's, whichever model is measured on them
+    baselines = [k for k in found["tonight"] if "popularity_" in k or "transition_" in k]
+    assert baselines and all(found["champion"][k] == found["tonight"][k] for k in baselines)
+    assert "test/model_unknown_targets" not in found["tonight"]
+    table = pl.read_parquet(files["champion"])
+    described = json.loads(pl.read_parquet_metadata(files["champion"])["recsys"])
+    assert described["model.other_data"].startswith("trained on other data: items matched by id")
+    assert described["data.fingerprint"] != described["model.data_fingerprint"]
+    # a target whose item the champion never learnt is a miss: 0 everywhere, not ranked
+    champion_vocab = load_checkpoint(champion).vocab
+    learnt = champion_vocab.items["item_id"].implode()
+    for split in ("val", "test"):
+        rows = table.filter(pl.col("split") == split)
+        unknown = rows.filter(~pl.col("item_id").is_in(learnt))
+        assert len(unknown) == found["champion"][f"{split}/model_unknown_targets"]
+        assert unknown["retrieval_rank"].null_count() == len(unknown)
+        metrics = unknown.select(pl.exclude("split", "user_id", "item_id", "retrieval_rank"))
+        assert (metrics.to_numpy() == 0).all()
+        assert rows["ndcg_at_10"].mean() == pytest.approx(found["champion"][f"{split}/ndcg_at_10"])
+    assert found["champion"]["test/model_unknown_targets"] > 0  # (the test checks some)
+    # the others are ranked on the champion's own catalogue
+    ranked = table.filter(pl.col("retrieval_rank").is_not_null())
+    assert len(ranked) and ranked["retrieval_rank"].max() < champion_vocab.num_items
+    paired = compare_per_target(files["champion"], files["tonight"], split="test")
+    assert paired["a"] == pytest.approx(found["champion"]["test/ndcg_at_10"])
+    assert paired["b"] == pytest.approx(found["tonight"]["test/ndcg_at_10"])
+    # settings that would read tonight's item indices as the champion's are refused first
+    for setting, named in (
+        ("training.transition_prior=0.5", "training.transition_prior=0.5 counts this data's"),
+        ("training.sampled_metrics={num_negatives: 10, sampler: uniform}", "training.sampled"),
+    ):
+        job = [f"model_ref={champion}", *tonight, "other_data=true", setting]
+        with pytest.raises(ValueError, match=f"other_data=true: {named}"):
+            evaluate.run(make_config("evaluate", job))
+    # another shop's log (no item id in common) is refused, naming both models' ids
+    shop = tmp_path / "other-shop.parquet"
+    events.with_columns(pl.col("item_id") + 2 * 10**9).write_parquet(shop)
+    job = [f"model_ref={champion}", *data[:3], f"data.source={shop}", "logger=none"]
+    job += ["other_data=true", f"paths.run_dir={tmp_path / 'shop'}"]
+    with pytest.raises(ValueError, match="other_data=true: model=.* knows none of this data's"):
+        evaluate.run(make_config("evaluate", job))
+    assert not (tmp_path / "shop" / "prepared").exists()  # nothing left behind
+
+
+def test_a_model_read_through_an_item_map_scores_as_on_its_own_vocabulary(main_run, make_config):
+    """other_data=true reads each batch through the data -> model item map (history, target,
+    seen items). The main job's model with its item-indexed weights permuted, evaluated
+    through that permutation, gives the metrics of the model itself, target by target."""
+    from recsys.data.datamodule import SeqRecDataModule
+    from recsys.model.transfer import vocabulary_rows
+    from recsys.training.evaluation import TargetRecords
+    from recsys.training.evaluation import evaluate as evaluate_loader
+
+    cfg, result = main_run
+    model = load_checkpoint(result.checkpoint)
+    datamodule = SeqRecDataModule(
+        Path(cfg.paths.run_dir) / "prepared",
+        max_seq_len=model.max_seq_len,
+        eval_batch_size=16,
+        time_buckets=model.time_buckets,
+    )
+    datamodule.setup()
+    job = make_config(
+        "evaluate", [*TINY_DATA, "training.rerank_top_n=20", "training.seen_items=exclude"]
+    )
+    reserved = torch.arange(NUM_RESERVED)
+    moved = torch.cat(
+        [
+            reserved,
+            NUM_RESERVED
+            + torch.randperm(model.vocab.items.height, generator=torch.Generator().manual_seed(0)),
+        ]
+    )
+    permuted = copy.deepcopy(model.encoder)
+    state = permuted.state_dict()
+    for key, kind in vocabulary_rows(permuted).items():
+        if kind in ("item", "data"):  # item rows: row i of the data is row moved[i] here
+            table = state[key].clone()
+            table[moved] = state[key]
+            state[key] = table
+    permuted.load_state_dict(state)
+    found, records = {}, {}
+    for name, encoder, item_map in (("own", model.encoder, None), ("mapped", permuted, moved)):
+        records[name] = TargetRecords()
+        module = evaluate._evaluation_module(job, encoder, model.vocab, datamodule.stats)
+        found[name] = evaluate_loader(
+            module,
+            datamodule.target_loader("test"),
+            device=torch.device("cpu"),
+            split="test",
+            records=records[name],
+            item_map=item_map,
+        )
+    assert found["mapped"].pop("model_unknown_targets") == 0
+    assert found["mapped"] == pytest.approx(found["own"], abs=1e-6)
+    frames = {
+        name: r.frame("test", datamodule.store.user_id, model.vocab.items["item_id"])
+        for name, r in records.items()
+    }
+    assert frames["mapped"].equals(frames["own"])  # the data's targets, each ranked the same
+    assert found["own"]["ndcg_at_10"] > 0
 
 
 def test_a_model_of_another_id_type_on_its_own_log(main_run, make_config, tmp_path):
