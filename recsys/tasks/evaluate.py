@@ -362,7 +362,7 @@ def _other_data_items(model: LoadedModel, datamodule: SeqRecDataModule, ref) -> 
         )
     log.info(
         "other_data=true: model=%s (trained on data %s) is evaluated on data %s: it knows %d of "
-        "its %d items (matched by id); a target whose item it never learnt counts as a miss",
+        "the data's %d items (matched by id); a target whose item it never learnt counts as a miss",
         ref,
         model.data_fingerprint,
         datamodule.stats["fingerprint"],
