@@ -10,12 +10,14 @@ import hydra
 from omegaconf import DictConfig
 
 import recsys.config  # (registers the ${abspath:} resolver before Hydra resolves)
+import recsys.cpus
 from recsys.tasks import score
 
 
 @hydra.main(version_base="1.3", config_path=recsys.config.config_dir(), config_name="score")
 def entry(cfg: DictConfig):
     with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
+        recsys.cpus.fit_threads_to_cpu_quota()  # a container's CPU limit (see recsys.cpus)
         return score.run(cfg)
 
 

@@ -1,0 +1,110 @@
+"""How many threads torch runs on a CPU whose use a container caps.
+
+A container's CPU limit (Kubernetes ``resources.limits.cpu``, ``docker run --cpus``) is a CFS
+quota on its cgroup, not fewer visible cores: torch (OpenMP) still starts one thread per core
+it sees, and the kernel then stops them all for the rest of each period once the quota is
+spent, while OpenMP's threads wait on one another. polars sizes its pool by the quota already
+(Rust's ``available_parallelism`` reads it); torch does not. The pipelines therefore cut
+torch's threads to the quota at the start of each job (:func:`fit_threads_to_cpu_quota`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def cpu_quota(proc: Path = Path("/proc/self")) -> float | None:
+    """The CPUs this process's cgroups allow it: the smallest CFS quota / period along its
+    cgroup and the cgroups above it (v2 ``cpu.max``; v1 ``cpu.cfs_quota_us`` and
+    ``cpu.cfs_period_us``). None where no quota is set or the cgroups cannot be read (another
+    operating system, a filesystem without them)."""
+    try:
+        memberships = (proc / "cgroup").read_text().splitlines()
+        mounts = [line.split() for line in (proc / "mountinfo").read_text().splitlines()]
+    except OSError:
+        return None
+    limits = []
+    for membership in memberships:
+        hierarchy, controllers, path = membership.split(":", 2)
+        unified = hierarchy == "0" and not controllers
+        if not unified and "cpu" not in controllers.split(","):
+            continue
+        for fields in mounts:
+            if "-" not in fields[6:]:
+                continue
+            kind = fields[fields.index("-", 6) + 1 :]
+            if unified and kind[0] != "cgroup2":
+                continue
+            if not unified and (kind[0] != "cgroup" or "cpu" not in kind[-1].split(",")):
+                continue
+            root, point = fields[3], Path(fields[4])
+            # the membership's path is from the hierarchy's root; the mount may show a part
+            # of it (a container's own cgroup mounted as its /sys/fs/cgroup)
+            inside = os.path.relpath(path, root) if _under(path, root) else "."
+            folder = Path(os.path.normpath(point / inside))
+            while True:
+                limit = _limit(folder, unified)
+                if limit is not None:
+                    limits.append(limit)
+                if folder == point or point not in folder.parents:
+                    break
+                folder = folder.parent
+    return min(limits) if limits else None
+
+
+def _under(path: str, root: str) -> bool:
+    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _limit(folder: Path, unified: bool) -> float | None:
+    """One cgroup's CPU quota in CPUs (None: unlimited or not readable)."""
+    try:
+        if unified:
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+        if quota in ("max", "-1"):
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def fit_threads_to_cpu_quota(quota: float | None = None) -> int:
+    """Cut torch's CPU threads to the whole CPUs of ``quota`` (default :func:`cpu_quota`; at
+    least one) where it runs more, and log it. A thread count set by ``OMP_NUM_THREADS`` is the
+    user's: kept, with a warning when the quota is smaller. Returns torch's thread count."""
+    quota = cpu_quota() if quota is None else quota
+    threads = torch.get_num_threads()
+    if quota is None:
+        return threads
+    allowed = max(1, int(quota))
+    if threads <= allowed:
+        return threads
+    if os.environ.get("OMP_NUM_THREADS"):
+        log.warning(
+            "OMP_NUM_THREADS=%s gives torch %d threads, but this process's cgroup allows it %.3g "
+            "CPUs: threads beyond that are throttled, which slows training and scoring; set "
+            "OMP_NUM_THREADS=%d",
+            os.environ["OMP_NUM_THREADS"],
+            threads,
+            quota,
+            allowed,
+        )
+        return threads
+    torch.set_num_threads(allowed)
+    log.info(
+        "this process's cgroup allows it %.3g CPUs (a container's CPU limit): torch runs %d "
+        "threads instead of %d, which the quota would throttle (OMP_NUM_THREADS=<n> chooses)",
+        quota,
+        allowed,
+        threads,
+    )
+    return allowed
