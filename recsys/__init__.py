@@ -6,6 +6,7 @@ import functools
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 __version__ = "0.1.0"  # the one place it is written (pyproject.toml reads it from here)
 
@@ -45,3 +46,16 @@ def code_version() -> dict[str, str | bool | None]:
     except (OSError, subprocess.SubprocessError):  # no git, not a repository, too slow
         return found
     return {**found, "git_commit": commit, "git_dirty": dirty}
+
+
+def shown_live(stream: Any) -> bool:
+    """Whether what is written to ``stream`` is seen as it comes: a terminal, or a Jupyter
+    kernel's output (no tty, yet it draws a progress bar live). Not a file, a pipe or a
+    scheduler's log (cron, ``> job.log 2>&1``, ``| tee``), where a progress bar's updates
+    pile up, carriage-returned, into one long line; nor a missing or closed stream."""
+    if type(stream).__module__.startswith("ipykernel"):
+        return True
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False

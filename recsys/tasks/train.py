@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,7 +25,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from recsys import locks
+from recsys import locks, shown_live
 from recsys.checkpoint import (
     CHECKPOINT_KEY,
     RUN_ID_KEY,
@@ -1095,6 +1096,18 @@ def hold_run_folder(cfg: DictConfig) -> Iterator[None]:
 
 
 TRAINER_SWITCHES = ("enable_progress_bar", "enable_model_summary", "enable_checkpointing")
+AUTO_SWITCHES = ("enable_progress_bar",)  # also take auto: see progress_bar
+
+
+def progress_bar(trainer: DictConfig) -> bool | None:
+    """``trainer.enable_progress_bar`` as Lightning takes it. ``auto`` (the default) shows the
+    bar only where it is seen live (:func:`recsys.shown_live`): standard output, where
+    Lightning writes it, is a terminal or a notebook's. A job whose output goes to a file, a
+    pipe or a scheduler's log (cron, ``> job.log 2>&1``, ``| tee``) gets none, where it wrote
+    every batch's update, carriage-returned, into one line per epoch; the job log's line per
+    epoch (:class:`EpochLog`) tells the training's progress there."""
+    value = trainer.get("enable_progress_bar")
+    return shown_live(sys.stdout) if value == "auto" else value
 
 
 def _mps_available() -> bool:
@@ -1241,8 +1254,10 @@ def check_settings(cfg: DictConfig) -> None:
     if isinstance(clock, DictConfig):
         switches["callbacks.training_clock.test_curve"] = clock.get("test_curve")
     for key, value in switches.items():
-        if value is not None and not isinstance(value, bool):
-            raise ValueError(f"{key}={value!r} must be true or false")
+        auto = key.removeprefix("trainer.") in AUTO_SWITCHES
+        if value is not None and not isinstance(value, bool) and not (auto and value == "auto"):
+            choices = "true, false or auto" if auto else "true or false"
+            raise ValueError(f"{key}={value!r} must be {choices}")
     precision = str(trainer.get("precision", "32-true"))
     if precision not in PRECISIONS:
         raise ValueError(
@@ -1333,7 +1348,12 @@ def check_trainer_settings(cfg: DictConfig) -> None:
     quiet.setLevel(logging.WARNING)  # its "GPU available" lines come with the real Trainer
     try:
         with _naming_group("trainer"):
-            instantiate(cfg.trainer, logger=False, callbacks=list(callbacks.values()))
+            instantiate(
+                cfg.trainer,
+                logger=False,
+                callbacks=list(callbacks.values()),
+                enable_progress_bar=progress_bar(cfg.trainer),
+            )
     finally:
         quiet.setLevel(level)
 
@@ -1523,6 +1543,7 @@ def _run(
             trainer = instantiate(
                 cfg.trainer,
                 logger=tracker.lightning_logger() or False,
+                enable_progress_bar=progress_bar(cfg.trainer),
                 plugins=[AtomicCheckpointIO()],
                 callbacks=[
                     *callbacks.values(),
