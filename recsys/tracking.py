@@ -16,6 +16,7 @@ import platform
 import re
 import shlex
 import shutil
+import sys
 import time
 import warnings
 import weakref
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from recsys import code_version, locks
+from recsys import code_version, locks, shown_live
 from recsys.checkpoint import LoadedModel, load_checkpoint, refuse_folder
 
 log = logging.getLogger(__name__)
@@ -389,7 +390,8 @@ class Tracker:
         if not self.enabled:
             raise ValueError("tracking is off (logger=none): pass a checkpoint path instead")
         Path(dst).mkdir(parents=True, exist_ok=True)  # older MLflow (2.16) refuses a new one
-        return Path(self.client.download_artifacts(self.run_id, artifact_path, str(dst)))
+        with artifact_bars_shown_live():
+            return Path(self.client.download_artifacts(self.run_id, artifact_path, str(dst)))
 
     def log_model(self, checkpoint: str | Path) -> str | None:
         """Package ``checkpoint`` (a scoring checkpoint: weights, encoder arguments,
@@ -410,7 +412,7 @@ class Tracker:
         code = Path(__file__).with_name("mlflow_model.py")
         with tempfile.TemporaryDirectory(prefix="recsys-model-") as tmp:
             folder = Path(tmp) / MODEL_ARTIFACT
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), artifact_bars_shown_live():
                 # MLflow's advice for a model whose input it can describe; recsys' takes an
                 # event log with the user's own columns, so its signature holds the params
                 # only and recsys checks the input when scoring (predict's type hint:
@@ -600,6 +602,25 @@ def run_lock(tracking_uri: str, run_id: str) -> Path:
         folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         folder = folder / "recsys" / "mlflow-runs"
     return folder.absolute() / f"{run_id}.lock"
+
+
+ARTIFACT_BARS = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+@contextmanager
+def artifact_bars_shown_live():
+    """Around MLflow's artifact transfers: its progress bars (one update per file, on stderr)
+    only where they are seen live (:func:`recsys.shown_live`); into a file or a pipe, where a
+    fetched model's ~90 files wrote ~90 carriage-returned updates into a scheduled job's log,
+    none. ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR`` set by the user decides instead."""
+    if ARTIFACT_BARS in os.environ or shown_live(sys.stderr):
+        yield
+        return
+    os.environ[ARTIFACT_BARS] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(ARTIFACT_BARS, None)
 
 
 @contextmanager
@@ -898,9 +919,10 @@ def _fetch_version_source(
     source = tracker.client.get_model_version_download_uri(name, version.version)
     destination = tempfile.mkdtemp(prefix="recsys-model-")
     try:
-        folder = mlflow.artifacts.download_artifacts(
-            artifact_uri=source, dst_path=destination, tracking_uri=tracker.tracking_uri
-        )
+        with artifact_bars_shown_live():
+            folder = mlflow.artifacts.download_artifacts(
+                artifact_uri=source, dst_path=destination, tracking_uri=tracker.tracking_uri
+            )
         candidates = sorted(Path(folder).rglob("*.ckpt"))
         if not candidates:
             raise FileNotFoundError(

@@ -896,3 +896,60 @@ def test_a_preparation_which_opens_no_run_does_not_ask_the_tracking_server(
     prepare.check_config(cfg)
     with pytest.raises(ConnectionError, match=f"server {uri} \\(logger.tracking_uri\\)"):
         train.check_config(cfg)
+
+
+class _Terminal(__import__("io").StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_mlflows_artifact_bars_are_drawn_on_a_terminal_only(tmp_path, monkeypatch):
+    """MLflow draws a bar for each artifact transfer, on stderr (a model fetched by run id or
+    alias: an update per file, some 90 in a scheduled scoring's log every night; packaging a
+    model: its checkpoint). Into a file or pipe there is none now, as for Lightning's bar; a
+    terminal keeps it, and MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR set by the user decides."""
+    import io
+
+    from recsys.tracking import (
+        ARTIFACT_BARS,
+        MODEL_ARTIFACT,
+        artifact_bars_shown_live,
+        done_with,
+        resolve_model,
+    )
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(ARTIFACT_BARS, raising=False)
+    shown = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", shown)
+    logger = {
+        "enabled": True,
+        "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "artifact_root": str(tmp_path / "artifacts"),
+        "experiment_name": "e",
+    }
+    packaged = tmp_path / "packaged" / "artifacts"  # as log_model packages a model
+    packaged.mkdir(parents=True)
+    (packaged / "model.ckpt").write_bytes(b"weights")
+    for name in ("MLmodel", "python_env.yaml", "requirements.txt"):
+        (packaged.parent / name).write_text("")
+    tracker = Tracker.from_config(logger)
+    tracker.log_artifact(packaged.parent, MODEL_ARTIFACT)
+    tracker.finish()
+    path, _ = resolve_model(tracker.run_id, logger)
+    assert path.read_bytes() == b"weights"
+    done_with(path)
+    # (MLflow's log lines may be there: a new store's tables)
+    assert "it/s" not in shown.getvalue() and "\r" not in shown.getvalue()
+    assert ARTIFACT_BARS not in os.environ  # set for the transfers only
+
+    with artifact_bars_shown_live():
+        assert os.environ[ARTIFACT_BARS] == "false"
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    with artifact_bars_shown_live():
+        assert ARTIFACT_BARS not in os.environ  # MLflow's default: drawn
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.setenv(ARTIFACT_BARS, "true")
+    with artifact_bars_shown_live():
+        assert os.environ[ARTIFACT_BARS] == "true"
+    assert os.environ[ARTIFACT_BARS] == "true"
