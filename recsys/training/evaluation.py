@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from recsys import shown_live
 from recsys.data.batch import SeqBatch
 from recsys.data.io import DataError, cast_ids, read_user_list
 from recsys.data.validate import canonical_id_type
@@ -90,7 +92,12 @@ def evaluate(
     unknown = 0
     if item_map is not None:
         item_map = item_map.to(device)
-    for batch in tqdm(loader, desc=description, leave=False, mininterval=2.0):
+    # a bar that clears itself leaves no line end: into a file or pipe the next log line would
+    # follow its updates on their line, so it is drawn where it is seen live only
+    bar = tqdm(
+        loader, desc=description, leave=False, mininterval=2.0, disable=not shown_live(sys.stderr)
+    )
+    for batch in bar:
         batch = batch.to(device)
         if item_map is None:
             values = module.evaluation_metrics(batch, coverage)
