@@ -10,9 +10,15 @@ million items 1.6-1.7x, the time it takes in chunks (``python -m
 benchmarks.allocation_benchmark``; benchmarks/README.md, "Training speed"). Such loops take
 their chunk length from :func:`cpu_chunk_length`, which keeps each table under the threshold
 on a CPU.
+
+:func:`available_memory` says how much memory a process may still take, for checks that refuse
+work which cannot fit (a training step over a large catalogue) before it starts.
 """
 
 from __future__ import annotations
+
+import resource
+from pathlib import Path
 
 import torch
 
@@ -45,3 +51,63 @@ def table_chunk_length(
     if length * unit_bytes <= DEVICE_TABLE_BYTES:
         return length
     return max(1, min(length, max(minimum, DEVICE_TABLE_BYTES // max(unit_bytes, 1))))
+
+
+# where a CPU's memory limits are read: the cgroup's (v2, then v1: limit and usage) of a container
+CGROUP_FILES = (
+    (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")),
+    (
+        Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+        Path("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ),
+)
+MEMINFO = Path("/proc/meminfo")
+PROCESS_STATUS = Path("/proc/self/status")
+
+
+def available_memory(device: torch.device | str) -> tuple[int, str] | None:
+    """The bytes this process can still allocate on ``device``, and where that figure comes
+    from; None where it is not known (an accelerator other than CUDA, a system without
+    ``/proc``). On a GPU the free memory (``torch.cuda.mem_get_info``); on a CPU the least of
+    the system's ``MemAvailable`` (``/proc/meminfo``: free memory plus the cache the kernel can
+    reclaim; swap is not counted), the room left under the container's cgroup limit, and the
+    room left under the process's address-space limit (``ulimit -v``, against its ``VmSize``)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), "free on the GPU (torch.cuda.mem_get_info)"
+    if device.type != "cpu":
+        return None
+    known = []
+    meminfo = _kib_fields(MEMINFO)
+    if "MemAvailable" in meminfo:
+        known.append((meminfo["MemAvailable"], f"MemAvailable in {MEMINFO}"))
+    for limit_file, usage_file in CGROUP_FILES:
+        try:
+            limit, usage = limit_file.read_text().strip(), int(usage_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**60:  # "max" (v2), or v1's huge "no limit"
+            known.append((max(int(limit) - usage, 0), f"the cgroup limit in {limit_file}"))
+        break
+    address_space, _ = resource.getrlimit(resource.RLIMIT_AS)
+    size = _kib_fields(PROCESS_STATUS).get("VmSize")
+    if address_space != resource.RLIM_INFINITY and size is not None:
+        known.append((max(address_space - size, 0), "the address-space limit (ulimit -v)"))
+    return min(known, default=None)
+
+
+def _kib_fields(path: Path) -> dict[str, int]:
+    """``/proc``'s ``Name:  123 kB`` lines, in bytes (other lines left out; {} without the
+    file)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    fields = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            fields[name] = int(parts[0]) * 1024
+    return fields

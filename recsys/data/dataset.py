@@ -308,6 +308,12 @@ class TrainWindows(_BatchDataset):
         """Events in each window's input (the window without its last event)."""
         return self.end - 1 - self.start
 
+    @property
+    def target_span(self) -> tuple[np.ndarray, np.ndarray]:
+        """Flat indices ``[first, stop)`` of each window's targets (every event of the window
+        but its first)."""
+        return self.start + 1, self.end
+
     def __getitem__(self, indices: list[int]) -> SeqBatch:
         i = np.asarray(indices)
         # inputs are window[:-1]; each input position's target is the next event
@@ -369,6 +375,12 @@ class TrainPrefixes(_BatchDataset):
     @property
     def input_lengths(self) -> np.ndarray:
         return self.end - self.start
+
+    @property
+    def target_span(self) -> tuple[np.ndarray, np.ndarray]:
+        """Flat indices ``[first, stop)`` of each row's target: the one event after its input
+        (a partner row, added per batch, has none)."""
+        return self.end, self.end + 1
 
     def partner_of(self, indices: np.ndarray) -> np.ndarray:
         """A random other row with the same target item for each row (itself if none): a

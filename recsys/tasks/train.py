@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import os
@@ -26,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from recsys import locks, shown_live
+from recsys.allocation import available_memory
 from recsys.checkpoint import (
     CHECKPOINT_KEY,
     RUN_ID_KEY,
@@ -60,7 +62,7 @@ from recsys.data.vocab import Vocab
 from recsys.model.interface import check_encoder, reads_time_buckets
 from recsys.model.transfer import carry_over
 from recsys.model.transition import TransitionCounts, TransitionPrior
-from recsys.schema import NUM_RESERVED
+from recsys.schema import NUM_RESERVED, UNK_IDX
 from recsys.tasks import prepare
 from recsys.tracking import (
     Tracker,
@@ -79,9 +81,20 @@ from recsys.training.callbacks import (
     StopOnDivergence,
     TrainingClock,
 )
-from recsys.training.evaluation import pick_device, protocol_tags, warn_of_few_targets
+from recsys.training.evaluation import (
+    ACCELERATORS,
+    pick_device,
+    protocol_tags,
+    warn_of_few_targets,
+)
 from recsys.training.metrics import higher_is_better, known_target_shares
-from recsys.training.module import SeqRecModule, same_target_partners
+from recsys.training.module import (
+    KEPT_SCORES,
+    RERANK_SCORES,
+    SCORE_CHUNK,
+    SeqRecModule,
+    same_target_partners,
+)
 
 log = logging.getLogger(__name__)
 
@@ -701,6 +714,108 @@ def check_weighted_targets(cfg: DictConfig, datamodule: SeqRecDataModule) -> Non
             "its weight" if len(missing) == 1 else "their weights",
             sorted(present),
         )
+
+
+def peak_training_batch(datamodule: SeqRecDataModule, module: SeqRecModule) -> tuple[int, int]:
+    """(rows, trained positions) of the batch that trains the most positions in the training's
+    first epoch, from its loader's batch order (a copy of the sampler: the training's own is
+    not advanced). A trained position is one :meth:`SeqRecModule._trained_positions` trains:
+    a target item in the vocabulary (not UNK) of a behaviour weighted above 0, at the last
+    position only for a non-causal encoder."""
+    loader = datamodule.train_dataloader()
+    store = datamodule.store
+    trainable = store.item > UNK_IDX
+    if module.behavior_weight is not None:
+        trainable &= module.behavior_weight.numpy()[store.behavior] > 0
+    first, stop = loader.dataset.target_span
+    if not getattr(module.encoder, "causal", True):
+        first = np.maximum(first, stop - 1)
+    before = np.concatenate([[0], np.cumsum(trainable)])  # trainable targets before each event
+    counts = before[stop] - before[first]  # (rows,)
+    return max(
+        ((len(batch), int(counts[batch].sum())) for batch in copy.deepcopy(loader.sampler)),
+        key=lambda batch: batch[1],
+        default=(0, 0),
+    )
+
+
+def check_training_memory(
+    cfg: DictConfig, module: SeqRecModule, datamodule: SeqRecDataModule
+) -> None:
+    """Refuse a training whose step cannot fit in the memory left on its device, before it
+    starts: at a large catalogue the full softmax's (positions x items) tables alone can need
+    tens of GiB (a million items, the default batch of 128 windows of 50 events: 24 GiB),
+    and such a training was killed by the out-of-memory killer at its first step, without a
+    word in its log (or failed with CUDA out of memory). The step's memory is a lower bound
+    (:meth:`SeqRecModule.step_memory` of the first epoch's largest batch, the encoder's
+    activations left out) and is compared with :func:`recsys.allocation.available_memory`,
+    so only a training that cannot fit is refused; the message names what would."""
+    accelerator = cfg.trainer.get("accelerator", "auto")
+    if accelerator not in ACCELERATORS or (
+        accelerator in ("gpu", "cuda") and not torch.cuda.is_available()
+    ):
+        return  # (another accelerator: its memory is not known here)
+    device = pick_device(accelerator, option="trainer.accelerator")
+    if device.type == "cuda" and cfg.trainer.get("devices", 1) != 1:
+        return  # (several GPUs: asking one's memory starts CUDA, which forked workers refuse)
+    known = available_memory(device)
+    if known is None:
+        return
+    available, source = known
+    rows, positions = peak_training_batch(datamodule, module)
+    parts = module.step_memory(rows, positions, device)
+    needed = sum(parts.values())
+    shown = ", ".join(f"{name} {_gib(size)}" for name, size in parts.items() if size)
+    if needed <= available:
+        if needed >= 2**30:
+            log.info(
+                "one training step holds at least %s (%s) of the %s available (%s)",
+                _gib(needed),
+                shown,
+                _gib(available),
+                source,
+            )
+        return
+    items = module.encoder.num_items - NUM_RESERVED
+    fixes = []
+    softmax = parts.get(KEPT_SCORES, 0) + parts.get(SCORE_CHUNK, 0)
+    if softmax:
+        fixes.append(
+            "a sampled loss, whose memory does not grow with the catalogue beyond the item "
+            f"table: training.loss=sampled_softmax (training.num_negatives="
+            f"{module.num_negatives} negatives per target)"
+        )
+    if parts.get(RERANK_SCORES):
+        fixes.append("no re-rank loss: training.rerank_top_n=0")
+    batch_size = datamodule.batch_size
+
+    def fits(size: int) -> bool:  # a batch of this size, its positions in proportion, in 80 %
+        scaled = module.step_memory(size, positions * size // max(rows, 1), device)
+        return sum(scaled.values()) <= 0.8 * available
+
+    smaller = next((size for size in range(batch_size - 1, 0, -1) if fits(size)), None)
+    if smaller is not None:
+        fixes.append(
+            f"smaller batches: data.loader.batch_size={smaller} or lower (now {batch_size}), "
+            f"or a shorter window, data.max_seq_len (now {datamodule.max_seq_len})"
+        )
+    reuse = f"data.prepared_dir={datamodule.prepared_dir} reuses the prepared data"
+    fixes.append(
+        "fewer items: data.min_item_count=<n> maps the items with fewer than n training events "
+        f"to UNK (the data is prepared again; for the other fixes {reuse})"
+    )
+    raise MemoryError(
+        f"one training step needs at least {_gib(needed)} on the {device.type.upper()} ({shown}: "
+        f"the first epoch's largest batch, {rows} rows training {positions:,} positions over "
+        f"{items:,} items), more than the {_gib(available)} available ({source}): the "
+        "training would be killed for lack of memory in its first steps. Train with "
+        + "; or ".join(fixes)
+    )
+
+
+def _gib(size: int) -> str:
+    """Bytes in GiB (MiB under 1 GiB), one decimal."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
 def log_config_params(tracker: Tracker, cfg: DictConfig) -> None:
@@ -1509,6 +1624,7 @@ def _run(
             trivial,
             rankable,
         )
+    check_training_memory(cfg, module, datamodule)  # before a run opens or a step is taken
     if taught_by:  # what the model learnt from (and what a resume must find again)
         module.checkpoint_extra[TEACHERS_KEY] = taught_by
     resume = resume_checkpoint(cfg, encoder, datamodule.stats["fingerprint"], taught_by)

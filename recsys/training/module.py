@@ -96,6 +96,12 @@ OBJECTIVES = ("retrieval", "target_attention")
 CONTRASTIVE_POSITIVES = ("dropout", "same_target")
 MIN_LOGIT_CHUNK_ROWS = 256  # a huge catalogue: few chunks rather than one per handful of rows
 MIN_EVAL_CHUNK_ROWS = 16  # evaluation's chunks of rows: at least this many, however wide
+# the parts of SeqRecModule.step_memory, as a message names them
+PARAMETERS = "parameters, gradients and optimiser state"
+KEPT_SCORES = "scores over the catalogue kept for the backward pass"
+SCORE_CHUNK = "the chunk of them being made, and its gradient"
+RERANK_SCORES = "the re-rank loss's scores over the catalogue"
+STEP_PARTS = (PARAMETERS, KEPT_SCORES, SCORE_CHUNK, RERANK_SCORES)
 
 
 def same_target_partners(contrastive_weight: object, contrastive_positive: object) -> bool:
@@ -456,6 +462,32 @@ class SeqRecModule(pl.LightningModule):
             rows, 4 * self.encoder.num_items, device, minimum=MIN_LOGIT_CHUNK_ROWS
         )
         return [slice(start, start + size) for start in range(0, rows, size)]
+
+    def step_memory(self, rows: int, positions: int, device: torch.device) -> dict[str, int]:
+        """What one training step of ``rows`` rows that train ``positions`` positions holds at
+        once on ``device`` at least, in bytes by part (:data:`STEP_PARTS`), beyond the
+        encoder's activations: the parameters with their gradients (and Adam's or AdamW's two
+        moments), and the tables as wide as the catalogue. The full softmax keeps each
+        position's float32 log-probabilities over every item for the backward pass (label
+        smoothing a second table, distillation the student's at τ and the teachers'
+        probabilities: two more), while the chunk of rows being made (:meth:`_logit_chunks`:
+        every row on an accelerator) has its scores and then their gradient beside them; the
+        re-rank loss scores every row's last position against the whole catalogue (twice: the
+        scores and their copy without the target). Sampled losses make no such table."""
+        parameters = sum(p.numel() * p.element_size() for p in self.parameters())
+        moments = getattr(self.optimizer_factory, "func", None) in (
+            torch.optim.Adam,
+            torch.optim.AdamW,
+        )
+        parts = {PARAMETERS: parameters * (4 if moments else 2)}
+        row = 4 * self.encoder.num_items  # one float32 score per item
+        if self.loss_name == "full_softmax" and self.objective == "retrieval":
+            tables = 1 + (self.label_smoothing > 0) + 2 * bool(self._teachers)
+            parts[KEPT_SCORES] = tables * positions * row
+            parts[SCORE_CHUNK] = 2 * self._logit_chunks(positions, device)[0].stop * row
+        if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
+            parts[RERANK_SCORES] = 2 * rows * row
+        return parts
 
     def _attribute_loss(self, output, batch: SeqBatch, has_target: torch.Tensor) -> torch.Tensor:
         target = batch.target_item[has_target]  # (M,)

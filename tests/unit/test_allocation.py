@@ -63,3 +63,37 @@ def test_a_bounded_table_is_cut_as_on_a_cpu_there_and_to_a_gib_on_an_accelerator
     assert table_chunk_length(512, 4 * 10**5, "meta") == 512  # 205 MB
     assert table_chunk_length(512, 4 * 10**6, "meta") == DEVICE_TABLE_BYTES // (4 * 10**6) == 268
     assert table_chunk_length(512, 4 * 10**9, "meta", minimum=16) == 16
+
+
+def test_the_memory_available_is_the_least_of_the_system_the_cgroup_and_ulimit(
+    tmp_path, monkeypatch
+):
+    """What a training step is checked against on a CPU: MemAvailable, the room under a
+    container's cgroup limit (a container sees its host's /proc/meminfo) and under the
+    address-space limit (``ulimit -v``), whichever is least, named."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   20000000 kB\n")
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmSize:\t 3000000 kB\n")
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text("max\n")
+    usage.write_text("1000\n")
+    monkeypatch.setattr(allocation, "MEMINFO", meminfo)
+    monkeypatch.setattr(allocation, "PROCESS_STATUS", status)
+    monkeypatch.setattr(allocation, "CGROUP_FILES", ((limit, usage),))
+    monkeypatch.setattr(allocation.resource, "getrlimit", lambda which: (-1, -1))
+    monkeypatch.setattr(allocation.resource, "RLIM_INFINITY", -1)
+    assert allocation.available_memory("cpu") == (20000000 * 1024, f"MemAvailable in {meminfo}")
+    limit.write_text(f"{8 * 2**30}\n")
+    usage.write_text(f"{2 * 2**30}\n")
+    assert allocation.available_memory("cpu") == (6 * 2**30, f"the cgroup limit in {limit}")
+    monkeypatch.setattr(allocation.resource, "getrlimit", lambda which: (4 * 2**30, -1))
+    assert allocation.available_memory("cpu") == (
+        4 * 2**30 - 3000000 * 1024,
+        "the address-space limit (ulimit -v)",
+    )
+    monkeypatch.setattr(allocation, "MEMINFO", tmp_path / "absent")
+    monkeypatch.setattr(allocation, "CGROUP_FILES", ())
+    monkeypatch.setattr(allocation, "PROCESS_STATUS", tmp_path / "absent")
+    assert allocation.available_memory("cpu") is None  # not Linux: not known, not checked
+    assert allocation.available_memory("meta") is None

@@ -1058,3 +1058,91 @@ def test_init_from_and_teacher_references_are_checked_without_fetching(
     ]:
         with pytest.raises(error, match=message):
             train.check_references(make_config("config", [*tracked, *overrides]))
+
+
+def test_a_training_step_larger_than_the_memory_left_is_refused_before_it_trains(
+    make_config, monkeypatch
+):
+    """At a large catalogue the full softmax's (positions x items) scores, kept for the backward
+    pass, need tens of GiB (1 M items, the default batch: 24 GiB): such a training was killed
+    by the out-of-memory killer at its first step, with nothing in its log, or failed with a
+    bare "DefaultCPUAllocator: can't allocate memory" under a limit. It is refused once the
+    catalogue is known, before a run opens or a step is taken, naming the estimate and the
+    fixes (here the tiny preset against a machine with 1 MiB left)."""
+    monkeypatch.setattr(train, "available_memory", lambda device: (2**20, "a test's limit"))
+    cfg = make_config("config", ["experiment=tiny", "logger=none", "training.rerank_top_n=0"])
+    with pytest.raises(MemoryError) as info:
+        train.run(cfg)
+    message = str(info.value)
+    assert re.match(
+        r"one training step needs at least [\d.]+ MiB on the CPU \(parameters, gradients and "
+        r"optimiser state [\d.]+ MiB, scores over the catalogue kept for the backward pass "
+        r"[\d.]+ MiB, .*: the first epoch's largest batch, \d+ rows training [\d,]+ positions "
+        r"over \d+ items\), more than the 1.0 MiB available \(a test's limit\)",
+        message,
+    )
+    assert "training.loss=sampled_softmax (training.num_negatives=256" in message
+    # the batch size it names fits the same machine
+    smaller = re.search(
+        r"smaller batches: data.loader.batch_size=(\d+) or lower \(now 128\)", message
+    )
+    overrides = ["training.rerank_top_n=0", f"data.loader.batch_size={smaller[1]}"]
+    train.check_training_memory(*_checked_training(make_config, monkeypatch, overrides))
+    assert f"data.prepared_dir={Path(cfg.paths.run_dir) / 'prepared'} reuses" in message
+    assert not list(Path(cfg.paths.run_dir).rglob("*.ckpt"))
+    # a sampled loss's step does not grow with the catalogue: the same machine takes it
+    sampled = [
+        "training.rerank_top_n=0",
+        "training.loss=sampled_softmax",
+        "training.num_negatives=50",
+    ]
+    train.check_training_memory(*_checked_training(make_config, monkeypatch, sampled))
+
+
+class _Checked(Exception):
+    pass
+
+
+def _checked_training(make_config, monkeypatch, overrides):
+    """(config, module, data module) that train.run checks the memory of, before it trains."""
+    seen = []
+
+    def record(*args):
+        seen.append(args)
+        raise _Checked
+
+    with monkeypatch.context() as patched:
+        patched.setattr(train, "check_training_memory", record)
+        cfg = make_config("config", ["experiment=tiny", "logger=none", *overrides])
+        with pytest.raises(_Checked):
+            train.run(cfg)
+    return seen[0]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["data.loader.batch_size=7"],
+        [  # views and clicks are no target
+            "+training.behavior_weights={purchase: 1.0, cart: 0.5}",
+            "data.split.target_behaviors=[cart,purchase]",
+        ],
+        ["model.causal=false"],  # the last position only
+        ["data.loader.train_samples=prefixes", "data.loader.batch_size=16"],
+    ],
+)
+def test_the_memory_check_finds_the_batch_that_trains_the_most_positions(
+    make_config, monkeypatch, overrides
+):
+    """The estimate is taken at the first epoch's batch with the most trained positions, as
+    the module counts them (targets in the vocabulary, of a weighted behaviour, at the last
+    position only for a non-causal model), and leaves the training's batch order as it was."""
+    cfg, module, datamodule = _checked_training(make_config, monkeypatch, overrides)
+    peak = train.peak_training_batch(datamodule, module)
+    trained = [
+        (len(batch), int(module._trained_positions(batch).sum()))
+        for batch in datamodule.train_dataloader()
+    ]
+    assert peak == max(trained, key=lambda batch: batch[1])
+    assert 0 < peak[1] < sum(count for _, count in trained)

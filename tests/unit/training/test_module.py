@@ -1083,3 +1083,55 @@ def test_a_large_full_softmax_on_cpu_goes_in_chunks_with_the_same_loss_and_gradi
     monkeypatch.setattr(module_code, "MIN_LOGIT_CHUNK_ROWS", 16)  # a huge catalogue's floor
     loss_and_grads()
     assert calls == chunks(16)
+
+
+@pytest.mark.parametrize(
+    ("settings", "tables"),
+    [
+        ({}, 1),
+        ({"label_smoothing": 0.1}, 2),
+        ({"exclude_seen_from_loss": True}, 1),
+        ({"distillation": True}, 3),
+        ({"loss": "sampled_softmax"}, 0),
+        ({"loss": "bce", "num_negatives": 1}, 0),
+    ],
+)
+def test_the_step_memory_counts_the_catalogue_wide_scores_autograd_keeps(settings, tables):
+    """What recsys.tasks.train refuses a training against: the (positions x items) float32
+    tables the step keeps for its backward pass, exactly those autograd saves (never more, or a
+    training that fits would be refused), none for the sampled losses."""
+    from recsys.training.module import KEPT_SCORES, PARAMETERS
+
+    items = 3000
+    if settings.get("distillation"):
+        teacher = encoder(num_items=items, seed_shift=1)
+        settings = {"distillation": {"teachers": [teacher], "weight": 1.0}}
+    m = module(encoder(num_items=items), **settings)
+    b = batch()
+    positions = int(m._trained_positions(b).sum())
+    saved = {}
+
+    def pack(tensor):
+        if tensor.shape == (positions, items) and tensor.is_floating_point():
+            saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        train_loss(m, b)
+    parts = m.step_memory(len(b), positions, torch.device("cpu"))
+    assert sum(saved.values()) == parts.get(KEPT_SCORES, 0) == tables * positions * items * 4
+    weights = sum(p.numel() for p in m.parameters()) * 4
+    assert parts[PARAMETERS] == 4 * weights  # with Adam's two moments
+
+
+def test_the_step_memory_counts_the_chunk_of_scores_being_made():
+    """On a CPU a large table of scores is made a chunk of rows at a time (256 at least), on an
+    accelerator at once: beside the kept tables, the chunk's scores and their gradient."""
+    from recsys.training.module import SCORE_CHUNK
+
+    items = 100_000
+    m = module(encoder(num_items=items, d_model=2, num_heads=1, attribute_dim=0))
+    row = 4 * items
+    assert m.step_memory(128, 6400, torch.device("cpu"))[SCORE_CHUNK] == 2 * 256 * row
+    assert m.step_memory(128, 6400, torch.device("meta"))[SCORE_CHUNK] == 2 * 6400 * row
+    assert m.step_memory(2, 10, torch.device("cpu"))[SCORE_CHUNK] == 2 * 10 * row
