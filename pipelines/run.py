@@ -6,15 +6,15 @@ python -m pipelines.run [hydra overrides]
 import hydra
 from omegaconf import DictConfig
 
+import recsys.cgroups
 import recsys.config  # (registers the ${abspath:} resolver before Hydra resolves)
-import recsys.cpus
 from recsys.tasks import evaluate, main, train
 
 
 @hydra.main(version_base="1.3", config_path=recsys.config.config_dir(), config_name="config")
 def entry(cfg: DictConfig) -> float | None:
     with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
-        recsys.cpus.fit_threads_to_cpu_quota()  # a container's CPU limit (see recsys.cpus)
+        recsys.cgroups.fit_threads_to_cpu_quota()  # a container's CPU limit (see recsys.cgroups)
         result = main.run(cfg)
     print(f"recommendations: {result.recommendations}")
     print(f"checkpoint:      {result.checkpoint}")

@@ -6,8 +6,8 @@ python -m pipelines.train [hydra overrides]
 import hydra
 from omegaconf import DictConfig
 
+import recsys.cgroups
 import recsys.config  # (registers the ${abspath:} resolver before Hydra resolves)
-import recsys.cpus
 from recsys.tasks import train
 
 
@@ -16,7 +16,7 @@ def entry(cfg: DictConfig) -> float | None:
     if cfg.task_name == "main":  # the main job's config, run as this pipeline (MLflow run
         cfg.task_name = "train"  # name, tag), unless task_name=... names the runs otherwise
     with recsys.config.launch_directory(), recsys.config.failure_logged(cfg):
-        recsys.cpus.fit_threads_to_cpu_quota()  # a container's CPU limit (see recsys.cpus)
+        recsys.cgroups.fit_threads_to_cpu_quota()  # a container's CPU limit (see recsys.cgroups)
         result = train.run(cfg)
     return train.sweep_objective(result.best_val)  # an optimising sweeper's objective
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from recsys.cgroups import memory_room
+
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX)
 CHUNK_BYTES = 16 * 2**20  # what a chunk's table is cut down to
 DEVICE_TABLE_BYTES = 2**30  # an accelerator's largest table where memory, not speed, bounds it
@@ -53,14 +55,6 @@ def table_chunk_length(
     return max(1, min(length, max(minimum, DEVICE_TABLE_BYTES // max(unit_bytes, 1))))
 
 
-# where a CPU's memory limits are read: the cgroup's (v2, then v1: limit and usage) of a container
-CGROUP_FILES = (
-    (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")),
-    (
-        Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-        Path("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ),
-)
 MEMINFO = Path("/proc/meminfo")
 PROCESS_STATUS = Path("/proc/self/status")
 
@@ -82,14 +76,9 @@ def available_memory(device: torch.device | str) -> tuple[int, str] | None:
     meminfo = _kib_fields(MEMINFO)
     if "MemAvailable" in meminfo:
         known.append((meminfo["MemAvailable"], f"MemAvailable in {MEMINFO}"))
-    for limit_file, usage_file in CGROUP_FILES:
-        try:
-            limit, usage = limit_file.read_text().strip(), int(usage_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < 2**60:  # "max" (v2), or v1's huge "no limit"
-            known.append((max(int(limit) - usage, 0), f"the cgroup limit in {limit_file}"))
-        break
+    room = memory_room()  # a container's limit (it sees its host's /proc/meminfo)
+    if room is not None:
+        known.append((room[0], f"the cgroup limit in {room[1]}"))
     address_space, _ = resource.getrlimit(resource.RLIMIT_AS)
     size = _kib_fields(PROCESS_STATUS).get("VmSize")
     if address_space != resource.RLIM_INFINITY and size is not None:

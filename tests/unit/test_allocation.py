@@ -75,17 +75,15 @@ def test_the_memory_available_is_the_least_of_the_system_the_cgroup_and_ulimit(
     meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   20000000 kB\n")
     status = tmp_path / "status"
     status.write_text("Name:\tpython\nVmSize:\t 3000000 kB\n")
-    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
-    limit.write_text("max\n")
-    usage.write_text("1000\n")
+    limit = tmp_path / "memory.max"  # the cgroups' reading: tests/unit/test_cgroups.py
+    room = None
+    monkeypatch.setattr(allocation, "memory_room", lambda: room)
     monkeypatch.setattr(allocation, "MEMINFO", meminfo)
     monkeypatch.setattr(allocation, "PROCESS_STATUS", status)
-    monkeypatch.setattr(allocation, "CGROUP_FILES", ((limit, usage),))
     monkeypatch.setattr(allocation.resource, "getrlimit", lambda which: (-1, -1))
     monkeypatch.setattr(allocation.resource, "RLIM_INFINITY", -1)
     assert allocation.available_memory("cpu") == (20000000 * 1024, f"MemAvailable in {meminfo}")
-    limit.write_text(f"{8 * 2**30}\n")
-    usage.write_text(f"{2 * 2**30}\n")
+    room = (6 * 2**30, limit)
     assert allocation.available_memory("cpu") == (6 * 2**30, f"the cgroup limit in {limit}")
     monkeypatch.setattr(allocation.resource, "getrlimit", lambda which: (4 * 2**30, -1))
     assert allocation.available_memory("cpu") == (
@@ -93,7 +91,7 @@ def test_the_memory_available_is_the_least_of_the_system_the_cgroup_and_ulimit(
         "the address-space limit (ulimit -v)",
     )
     monkeypatch.setattr(allocation, "MEMINFO", tmp_path / "absent")
-    monkeypatch.setattr(allocation, "CGROUP_FILES", ())
+    room = None
     monkeypatch.setattr(allocation, "PROCESS_STATUS", tmp_path / "absent")
     assert allocation.available_memory("cpu") is None  # not Linux: not known, not checked
     assert allocation.available_memory("meta") is None

@@ -1,5 +1,6 @@
-"""A container's CPU limit (a cgroup's CFS quota) caps torch's threads: torch starts one per
-visible core, which the quota then throttles (recsys.cpus)."""
+"""What a container's cgroups allow (recsys.cgroups): its CPU limit (a CFS quota) caps torch's
+threads (torch starts one per visible core, which the quota then throttles), and its memory
+limit bounds what a training step may take (recsys.allocation.available_memory)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from recsys.cpus import cpu_quota, fit_threads_to_cpu_quota
+from recsys.cgroups import cpu_quota, fit_threads_to_cpu_quota, memory_room
 
 
 def fake_proc(tmp_path, cgroup: str, mountinfo: list[str], files: dict[str, str]):
@@ -57,6 +58,31 @@ def test_no_quota_or_no_cgroups(tmp_path):
     assert cpu_quota(tmp_path / "absent") is None  # another operating system
 
 
+def test_memory_room_is_the_least_limit_less_usage_along_the_cgroups(tmp_path):
+    v2 = "30 25 0:26 / {tmp}/cg rw - cgroup2 cgroup2 rw"
+    files = {
+        "cg/job.slice/memory.max": f"{8 * 2**30}\n",
+        "cg/job.slice/memory.current": f"{2 * 2**30}\n",
+        "cg/memory.max": f"{16 * 2**30}\n",
+        "cg/memory.current": f"{12 * 2**30}\n",  # the parent's other jobs use more
+    }
+    proc = fake_proc(tmp_path, "0::/job.slice\n", [v2], files)
+    assert memory_room(proc) == (4 * 2**30, tmp_path / "cg" / "memory.max")
+    # v1, a process in a child cgroup; v1's "no limit" is a huge number
+    other = tmp_path / "v1"
+    other.mkdir()
+    v1 = "31 25 0:27 / {tmp}/memory rw - cgroup cgroup rw,memory"
+    files = {
+        "memory/app/memory.limit_in_bytes": f"{2**30}\n",
+        "memory/app/memory.usage_in_bytes": f"{2**28}\n",
+        "memory/memory.limit_in_bytes": "9223372036854771712\n",
+        "memory/memory.usage_in_bytes": "5\n",
+    }
+    proc = fake_proc(other, "5:memory:/app\n", [v1], files)
+    assert memory_room(proc) == (2**30 - 2**28, other / "memory" / "app" / "memory.limit_in_bytes")
+    assert memory_room(tmp_path / "absent") is None
+
+
 @pytest.fixture
 def torch_threads(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -69,7 +95,7 @@ def torch_threads(monkeypatch):
 def test_torch_threads_cut_to_the_quota_unless_omp_num_threads_says(
     torch_threads, monkeypatch, caplog
 ):
-    with caplog.at_level(logging.INFO, logger="recsys.cpus"):
+    with caplog.at_level(logging.INFO, logger="recsys.cgroups"):
         assert fit_threads_to_cpu_quota(quota=1.5) == 1
     assert torch.get_num_threads() == 1
     assert (
@@ -81,7 +107,7 @@ def test_torch_threads_cut_to_the_quota_unless_omp_num_threads_says(
     torch.set_num_threads(3)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="recsys.cpus"):
+    with caplog.at_level(logging.INFO, logger="recsys.cgroups"):
         assert fit_threads_to_cpu_quota(quota=2.0) == 3  # the user's choice is kept
     assert "OMP_NUM_THREADS=3 gives torch 3 threads" in caplog.text
     assert "set OMP_NUM_THREADS=2" in caplog.text

@@ -1,4 +1,5 @@
-"""How many threads torch runs on a CPU whose use a container caps.
+"""What a container lets this process use: its CPU quota and its memory limit (the cgroups
+that hold it, v1 or v2), and torch's threads cut to that quota.
 
 A container's CPU limit (Kubernetes ``resources.limits.cpu``, ``docker run --cpus``) is a CFS
 quota on its cgroup, not fewer visible cores: torch (OpenMP) still starts one thread per core
@@ -19,21 +20,24 @@ import torch
 log = logging.getLogger(__name__)
 
 
-def cpu_quota(proc: Path = Path("/proc/self")) -> float | None:
-    """The CPUs this process's cgroups allow it: the smallest CFS quota / period along its
-    cgroup and the cgroups above it (v2 ``cpu.max``; v1 ``cpu.cfs_quota_us`` and
-    ``cpu.cfs_period_us``). None where no quota is set or the cgroups cannot be read (another
-    operating system, a filesystem without them)."""
+PROC = Path("/proc/self")
+
+
+def _folders(controller: str, proc: Path) -> list[tuple[Path, bool]]:
+    """The folders of the cgroups that hold this process for ``controller`` (``cpu``,
+    ``memory``): its own, then each one above it up to the hierarchy's mount, for the unified
+    (v2) hierarchy and a v1 one of that controller, each with whether it is v2. [] where the
+    cgroups cannot be read (another operating system, a filesystem without them)."""
     try:
         memberships = (proc / "cgroup").read_text().splitlines()
         mounts = [line.split() for line in (proc / "mountinfo").read_text().splitlines()]
     except OSError:
-        return None
-    limits = []
+        return []
+    folders = []
     for membership in memberships:
         hierarchy, controllers, path = membership.split(":", 2)
         unified = hierarchy == "0" and not controllers
-        if not unified and "cpu" not in controllers.split(","):
+        if not unified and controller not in controllers.split(","):
             continue
         for fields in mounts:
             if "-" not in fields[6:]:
@@ -41,7 +45,7 @@ def cpu_quota(proc: Path = Path("/proc/self")) -> float | None:
             kind = fields[fields.index("-", 6) + 1 :]
             if unified and kind[0] != "cgroup2":
                 continue
-            if not unified and (kind[0] != "cgroup" or "cpu" not in kind[-1].split(",")):
+            if not unified and (kind[0] != "cgroup" or controller not in kind[-1].split(",")):
                 continue
             root, point = fields[3], Path(fields[4])
             # the membership's path is from the hierarchy's root; the mount may show a part
@@ -49,20 +53,26 @@ def cpu_quota(proc: Path = Path("/proc/self")) -> float | None:
             inside = os.path.relpath(path, root) if _under(path, root) else "."
             folder = Path(os.path.normpath(point / inside))
             while True:
-                limit = _limit(folder, unified)
-                if limit is not None:
-                    limits.append(limit)
+                folders.append((folder, unified))
                 if folder == point or point not in folder.parents:
                     break
                 folder = folder.parent
-    return min(limits) if limits else None
+    return folders
 
 
 def _under(path: str, root: str) -> bool:
     return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _limit(folder: Path, unified: bool) -> float | None:
+def cpu_quota(proc: Path = PROC) -> float | None:
+    """The CPUs this process's cgroups allow it: the smallest CFS quota / period along its
+    cgroup and the cgroups above it (v2 ``cpu.max``; v1 ``cpu.cfs_quota_us`` and
+    ``cpu.cfs_period_us``). None where no quota is set or the cgroups cannot be read."""
+    limits = [limit for folder, v2 in _folders("cpu", proc) if (limit := _cpus(folder, v2))]
+    return min(limits, default=None)
+
+
+def _cpus(folder: Path, unified: bool) -> float | None:
     """One cgroup's CPU quota in CPUs (None: unlimited or not readable)."""
     try:
         if unified:
@@ -75,6 +85,28 @@ def _limit(folder: Path, unified: bool) -> float | None:
         return int(quota) / int(period)
     except (OSError, ValueError):
         return None
+
+
+def memory_room(proc: Path = PROC) -> tuple[int, Path] | None:
+    """The bytes this process's cgroups still let it take: the least of limit - usage along
+    its cgroup and the cgroups above it (v2 ``memory.max`` and ``memory.current``; v1
+    ``memory.limit_in_bytes`` and ``memory.usage_in_bytes``), with the limit's file. None
+    where no limit is set or the cgroups cannot be read."""
+    rooms = [room for folder, v2 in _folders("memory", proc) if (room := _room(folder, v2))]
+    return min(rooms, default=None)
+
+
+def _room(folder: Path, unified: bool) -> tuple[int, Path] | None:
+    """One cgroup's memory limit less its usage (None: no limit, or not readable)."""
+    limit_file = folder / ("memory.max" if unified else "memory.limit_in_bytes")
+    usage_file = folder / ("memory.current" if unified else "memory.usage_in_bytes")
+    try:
+        limit, usage = limit_file.read_text().strip(), int(usage_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not limit.isdigit() or int(limit) >= 2**60:  # "max" (v2), or v1's huge "no limit"
+        return None
+    return max(int(limit) - usage, 0), limit_file
 
 
 def fit_threads_to_cpu_quota(quota: float | None = None) -> int:
