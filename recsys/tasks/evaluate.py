@@ -391,6 +391,9 @@ def run(
         raise ValueError(
             f"splits={list(splits)}: choose among val and test, each once, e.g. '[val,test]'"
         )
+    other_data = cfg.get("other_data") or False
+    if not isinstance(other_data, bool):  # (any text would count as true: other_data=no)
+        raise ValueError(f"other_data={other_data!r} must be true or false")
     loader = cfg.data.loader
     multiple = loader.get("width_multiple", "auto")
     # before the data is prepared
@@ -423,7 +426,6 @@ def run(
         splits="/".join("validation" if s == "val" else s for s in splits),
         trained_by=f"model={ref} was trained (by its training.behavior_weights)",
     )
-    other_data = bool(cfg.get("other_data"))
     if other_data:  # this job's data settings make the windows the model is measured on
         refuse_other_data_settings(cfg)
         differences = model.data_settings and prepare.data_differences(model.data_settings, cfg)[0]

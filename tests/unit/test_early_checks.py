@@ -603,6 +603,20 @@ def test_unset_mandatory_values_are_named_before_any_work(
         run[task].run(cfg)
 
 
+@pytest.mark.parametrize("value", ["no", "off", "1", "'false'"])
+def test_other_data_that_is_not_true_or_false_is_refused_before_the_model_loads(
+    make_config, monkeypatch, value
+):
+    """``other_data=no`` (a text, not Hydra's false) counted as true: a model trained on another
+    log was evaluated on this one instead of being refused as another vocabulary."""
+    from recsys.tasks import evaluate
+
+    monkeypatch.setattr(evaluate, "load_model", lambda *a: pytest.fail("loaded before checking"))
+    cfg = make_config("evaluate", ["logger=none", "model_ref=m.ckpt", f"other_data={value}"])
+    with pytest.raises(ValueError, match=r"^other_data='?\w+'? must be true or false$"):
+        evaluate.run(cfg)
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
