@@ -352,13 +352,18 @@ def _other_data_items(model: LoadedModel, datamodule: SeqRecDataModule, ref) -> 
     item_map = item_index_map(model.vocab, data)
     known = int((item_map[NUM_RESERVED:] != UNK_IDX).sum())
     if not known:
+        trained, now = model.vocab.items.schema[ITEM], data.items.schema[ITEM]
+        kinds = (
+            ""
+            if trained == now or (trained.is_integer() and now.is_integer())
+            else f"; {now} ids never match {trained} ones: give the log its item ids as {trained}"
+        )
         raise ValueError(
             f"other_data=true: model={ref} knows none of this data's {data.items.height} items "
-            f"(its ids {model.vocab.items.schema[ITEM]}, e.g. "
-            f"{model.vocab.items[ITEM].head(3).to_list()}; this data's "
-            f"{data.items.schema[ITEM]}, e.g. {data.items[ITEM].head(3).to_list()}): evaluate "
-            "it on a log of the catalogue it was trained on (and data.columns.item mapped to "
-            "the same ids)"
+            f"(its ids {trained}, e.g. {model.vocab.items[ITEM].head(3).to_list()}; this "
+            f"data's {now}, e.g. {data.items[ITEM].head(3).to_list()}): evaluate it on a log of "
+            f"the catalogue it was trained on (and data.columns.item_id mapped to the same "
+            f"ids){kinds}"
         )
     log.info(
         "other_data=true: model=%s (trained on data %s) is evaluated on data %s: it knows %d of "
