@@ -44,7 +44,7 @@ from recsys.model.transition import (
 from recsys.retrieval.output import write_atomically
 from recsys.schema import ITEM, NUM_RESERVED, UNK_IDX
 from recsys.tasks import prepare
-from recsys.tasks.score import check_columns
+from recsys.tasks.score import MIN_KNOWN_ITEM_SHARE, check_columns
 from recsys.tasks.train import (
     check_evaluated_targets,
     data_arguments,
@@ -365,14 +365,22 @@ def _other_data_items(model: LoadedModel, datamodule: SeqRecDataModule, ref) -> 
             f"the catalogue it was trained on (and data.columns.item_id mapped to the same "
             f"ids){kinds}"
         )
-    log.info(
+    share = known / data.items.height
+    level = logging.WARNING if share < MIN_KNOWN_ITEM_SHARE else logging.INFO
+    log.log(
+        level,
         "other_data=true: model=%s (trained on data %s) is evaluated on data %s: it knows %d of "
-        "the data's %d items (matched by id); a target whose item it never learnt counts as a miss",
+        "the data's %d items (matched by id)%s; a target whose item it never learnt counts as a "
+        "miss",
         ref,
         model.data_fingerprint,
         datamodule.stats["fingerprint"],
         known,
         data.items.height,
+        ""
+        if level == logging.INFO
+        else f" ({share:.1%}): most targets will count as misses; is this a model of this "
+        "shop's log (model=, data.columns.item_id)?",
     )
     return item_map
 

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from recsys.data.vocab import Vocab
+from recsys.schema import NUM_RESERVED, UNK_IDX
 from recsys.tasks.evaluate import _other_data_items
 
 
@@ -34,3 +35,20 @@ def test_a_log_of_text_ids_for_a_model_of_integer_ids_is_refused_naming_the_id_c
     assert str(info.value).endswith(
         "String ids never match Int64 ones: give the log its item ids as Int64"
     )
+
+
+@pytest.mark.parametrize(("model_ids", "warned"), [([10, 11, 12, 99], False), ([10, 98, 99], True)])
+def test_a_model_that_knows_few_of_the_logs_items_is_warned_of(caplog, model_ids, warned):
+    """A model that knew 1 of the log's 4 items (another shop's, or the ids of another column
+    that overlap by chance) was measured with an info line only, its targets mostly misses;
+    scoring warns of such a model below MIN_KNOWN_ITEM_SHARE of the log's items, and so does
+    other_data=true now."""
+    model, data = model_and_data(model_ids, [10, 11, 12, 13])
+    with caplog.at_level("INFO", logger="recsys.tasks.evaluate"):
+        item_map = _other_data_items(model, data, "champion.ckpt")
+    (record,) = [r for r in caplog.records if "is evaluated on data tonight" in r.message]
+    assert (record.levelname == "WARNING") == warned
+    known = 1 if warned else 3
+    assert f"it knows {known} of the data's 4 items" in record.message
+    assert ("(25.0%): most targets will count as misses" in record.message) == warned
+    assert int((item_map[NUM_RESERVED:] != UNK_IDX).sum()) == known
