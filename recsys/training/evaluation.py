@@ -27,7 +27,7 @@ from recsys.data.io import DataError, cast_ids, read_user_list
 from recsys.data.validate import canonical_id_type
 from recsys.data.vocab import Vocab
 from recsys.model.transfer import matching_rows
-from recsys.schema import ITEM, NUM_RESERVED, UNK_IDX
+from recsys.schema import ITEM, NUM_RESERVED, PAD_IDX, UNK_IDX
 from recsys.training.metrics import CoverageAccumulator, MeanAccumulator
 from recsys.training.module import SeqRecModule
 
@@ -85,13 +85,16 @@ def evaluate(
     item (UNK where the model never learnt it, :func:`item_index_map`). Batches are read
     through it; a target the model never learnt counts as a miss (0 in every metric), and
     their number is returned as ``model_unknown_targets``. The records keep the data's
-    targets."""
+    targets, and the coverage is a share of the data's items (:class:`InDataItems`), as the
+    data's own models' and baselines' is."""
     module = module.to(device).eval()
     totals = MeanAccumulator()
-    coverage = CoverageAccumulator(module.encoder.num_items, module.metric_ks)
+    size = module.encoder.num_items if item_map is None else len(item_map)
+    coverage = CoverageAccumulator(size, module.metric_ks)
     unknown = 0
     if item_map is not None:
         item_map = item_map.to(device)
+        listed = InDataItems(coverage, item_map, module.encoder.num_items)
     # a bar that clears itself leaves no line end: into a file or pipe the next log line would
     # follow its updates on their line, so it is drawn where it is seen live only
     bar = tqdm(
@@ -103,7 +106,7 @@ def evaluate(
             values = module.evaluation_metrics(batch, coverage)
         else:
             mapped = in_model_items(batch, item_map)
-            values = module.evaluation_metrics(mapped, coverage)
+            values = module.evaluation_metrics(mapped, listed)
             missed = mapped.target_item == UNK_IDX
             unknown += int(missed.sum())
             values = {name: value.masked_fill(missed, 0) for name, value in values.items()}
@@ -127,6 +130,23 @@ def item_index_map(model_vocab: Vocab, data_vocab: Vocab) -> torch.Tensor:
     index[:NUM_RESERVED] = torch.arange(NUM_RESERVED)
     index[data_rows] = model_rows
     return index
+
+
+class InDataItems:
+    """``coverage`` (a :class:`CoverageAccumulator` of the data's items) given the top items of
+    a model of another vocabulary: each is read back to the data's index through ``item_map``
+    (:func:`item_index_map`, the data's index -> the model's); an item the data lacks counts in
+    no share (it is PAD there)."""
+
+    def __init__(self, coverage: CoverageAccumulator, item_map: torch.Tensor, num_items: int):
+        self.coverage = coverage
+        known = item_map != UNK_IDX
+        known[:NUM_RESERVED] = False
+        self.to_data = torch.full((num_items,), PAD_IDX, dtype=torch.long, device=item_map.device)
+        self.to_data[item_map[known]] = torch.nonzero(known).squeeze(1)
+
+    def update(self, top_items: torch.Tensor) -> None:
+        self.coverage.update(self.to_data[top_items])
 
 
 def in_model_items(batch: SeqBatch, item_map: torch.Tensor) -> SeqBatch:
