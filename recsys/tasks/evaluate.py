@@ -480,7 +480,10 @@ def run(
                 shutil.rmtree(prepared_dir, ignore_errors=True)
             raise
     elif other_data:
-        log.info("other_data=true: model=%s was trained on this data (the same vocabulary)", ref)
+        log.info(
+            "other_data=true: model=%s has this data's vocabulary, so it is evaluated as without",
+            ref,
+        )
     datamodule.setup()
     stats = datamodule.stats
     transitions = store_transitions(datamodule)  # the first-order prior's
