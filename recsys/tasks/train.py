@@ -89,6 +89,7 @@ from recsys.training.evaluation import (
 )
 from recsys.training.metrics import higher_is_better, known_target_shares
 from recsys.training.module import (
+    CONTRASTIVE_SCORES,
     KEPT_SCORES,
     RERANK_SCORES,
     SCORE_CHUNK,
@@ -787,6 +788,8 @@ def check_training_memory(
         )
     if parts.get(RERANK_SCORES):
         fixes.append("no re-rank loss: training.rerank_top_n=0")
+    if parts.get(CONTRASTIVE_SCORES, 0) > needed / 2:
+        fixes.append("no contrastive loss: training.contrastive_weight=0")
     batch_size = datamodule.batch_size
 
     def fits(size: int) -> bool:  # a batch of this size, its positions in proportion, in 80 %

@@ -101,7 +101,8 @@ PARAMETERS = "parameters, gradients and optimiser state"
 KEPT_SCORES = "scores over the catalogue kept for the backward pass"
 SCORE_CHUNK = "the chunk of them being made, and its gradient"
 RERANK_SCORES = "the re-rank loss's scores over the catalogue"
-STEP_PARTS = (PARAMETERS, KEPT_SCORES, SCORE_CHUNK, RERANK_SCORES)
+CONTRASTIVE_SCORES = "the contrastive loss's scores of every trained position against every one"
+STEP_PARTS = (PARAMETERS, KEPT_SCORES, SCORE_CHUNK, RERANK_SCORES, CONTRASTIVE_SCORES)
 
 
 def same_target_partners(contrastive_weight: object, contrastive_positive: object) -> bool:
@@ -473,7 +474,10 @@ class SeqRecModule(pl.LightningModule):
         probabilities: two more), while the chunk of rows being made (:meth:`_logit_chunks`:
         every row on an accelerator) has its scores and then their gradient beside them; the
         re-rank loss scores every row's last position against the whole catalogue (twice: the
-        scores and their copy without the target). Sampled losses make no such table."""
+        scores and their copy without the target). Sampled losses make no such table. The
+        contrastive loss (``contrastive_weight > 0``) scores the 2M views of its M trained
+        positions against each other and keeps that float32 table and its boolean mask of
+        excluded pairs: it grows with the batch, not the catalogue."""
         parameters = sum(p.numel() * p.element_size() for p in self.parameters())
         moments = getattr(self.optimizer_factory, "func", None) in (
             torch.optim.Adam,
@@ -487,6 +491,8 @@ class SeqRecModule(pl.LightningModule):
             parts[SCORE_CHUNK] = 2 * self._logit_chunks(positions, device)[0].stop * row
         if self.rerank_top_n > 1 and self.rerank_loss_weight > 0:
             parts[RERANK_SCORES] = 2 * rows * row
+        if self.contrastive_weight > 0:  # (with partners: the rows' last positions only)
+            parts[CONTRASTIVE_SCORES] = (4 + 1) * (2 * positions) ** 2
         return parts
 
     def _attribute_loss(self, output, batch: SeqBatch, has_target: torch.Tensor) -> torch.Tensor:

@@ -1160,3 +1160,18 @@ def test_the_memory_check_finds_the_batch_that_trains_the_most_positions(
     ]
     assert peak == max(trained, key=lambda batch: batch[1])
     assert 0 < peak[1] < sum(count for _, count in trained)
+
+
+def test_a_contrastive_loss_too_large_for_the_memory_left_is_named_with_its_fix(
+    make_config, monkeypatch
+):
+    """The contrastive loss's (2M x 2M) scores grow with the batch, not the catalogue, so a
+    sampled loss does not shrink them: the refusal names turning the loss off as well."""
+    monkeypatch.setattr(train, "available_memory", lambda device: (2**16, "a test's limit"))
+    overrides = ["training.loss=sampled_softmax", "training.num_negatives=20"]
+    overrides += ["training.contrastive_weight=0.5", "training.rerank_top_n=0"]
+    cfg, module, datamodule = _checked_training(make_config, monkeypatch, overrides)
+    with pytest.raises(MemoryError, match="the contrastive loss's scores") as info:
+        train.check_training_memory(cfg, module, datamodule)
+    assert "no contrastive loss: training.contrastive_weight=0" in str(info.value)
+    assert "training.loss=sampled_softmax" not in str(info.value)  # (it is on already)

@@ -1124,6 +1124,32 @@ def test_the_step_memory_counts_the_catalogue_wide_scores_autograd_keeps(setting
     assert parts[PARAMETERS] == 4 * weights  # with Adam's two moments
 
 
+@pytest.mark.parametrize("loss", ["full_softmax", "sampled_softmax"])
+def test_the_step_memory_counts_the_contrastive_loss_scores_autograd_keeps(loss):
+    """The contrastive loss scores the 2M views of its M trained positions against each other:
+    a (2M x 2M) table that grows with the batch, not the catalogue (a default batch's 6,400
+    positions: 0.8 GiB with its mask), which the memory check left out. Counted as exactly
+    what autograd saves: the float32 scores and the boolean mask of excluded pairs."""
+    from recsys.training.module import CONTRASTIVE_SCORES
+
+    negatives = {"num_negatives": 5} if loss == "sampled_softmax" else {}
+    m = module(encoder(), loss=loss, contrastive_weight=0.5, **negatives)
+    b = batch()
+    positions = int(m._trained_positions(b).sum())
+    saved = {}
+
+    def pack(tensor):
+        if tensor.shape == (2 * positions, 2 * positions):
+            saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        train_loss(m, b)
+    parts = m.step_memory(len(b), positions, torch.device("cpu"))
+    assert sum(saved.values()) == parts[CONTRASTIVE_SCORES] == 5 * (2 * positions) ** 2
+    assert CONTRASTIVE_SCORES not in module().step_memory(len(b), positions, torch.device("cpu"))
+
+
 def test_the_step_memory_counts_the_chunk_of_scores_being_made():
     """On a CPU a large table of scores is made a chunk of rows at a time (256 at least), on an
     accelerator at once: beside the kept tables, the chunk's scores and their gradient."""
