@@ -35,6 +35,8 @@ def _folders(controller: str, proc: Path) -> list[tuple[Path, bool]]:
         return []
     folders = []
     for membership in memberships:
+        if membership.count(":") < 2:  # (not a cgroup line: nothing to read from it)
+            continue
         hierarchy, controllers, path = membership.split(":", 2)
         unified = hierarchy == "0" and not controllers
         if not unified and controller not in controllers.split(","):
@@ -42,7 +44,9 @@ def _folders(controller: str, proc: Path) -> list[tuple[Path, bool]]:
         for fields in mounts:
             if "-" not in fields[6:]:
                 continue
-            kind = fields[fields.index("-", 6) + 1 :]
+            kind = fields[fields.index("-", 6) + 1 :]  # file system type, source, options
+            if len(kind) < 3:
+                continue
             if unified and kind[0] != "cgroup2":
                 continue
             if not unified and (kind[0] != "cgroup" or controller not in kind[-1].split(",")):

@@ -55,6 +55,13 @@ def test_no_quota_or_no_cgroups(tmp_path):
     mount = V1_MOUNT.replace("{root}", "/")
     proc = fake_proc(tmp_path, "4:cpu,cpuacct:/\n", [mount, V2_MOUNT], files)
     assert cpu_quota(proc) is None  # -1: unlimited; and no cpu.max in the v2 hierarchy
+    # lines of another shape are passed over, not a failure at every job's start
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    files = {"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    lines = [mount, "40 25 0:30 / /x rw - ", "41 25 0:31 / /y rw"]
+    proc = fake_proc(odd, "garbage\n4:cpu,cpuacct:/\n", lines, files)
+    assert cpu_quota(proc) == 0.5
     assert cpu_quota(tmp_path / "absent") is None  # another operating system
 
 
