@@ -87,7 +87,7 @@ def _cpus(folder: Path, unified: bool) -> float | None:
         if quota in ("max", "-1"):
             return None
         return int(quota) / int(period)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         return None
 
 

@@ -59,8 +59,9 @@ def test_no_quota_or_no_cgroups(tmp_path):
     odd = tmp_path / "odd"
     odd.mkdir()
     files = {"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    files |= {"cpu/a/cpu.cfs_quota_us": "50000\n", "cpu/a/cpu.cfs_period_us": "0\n"}
     lines = [mount, "40 25 0:30 / /x rw - ", "41 25 0:31 / /y rw"]
-    proc = fake_proc(odd, "garbage\n4:cpu,cpuacct:/\n", lines, files)
+    proc = fake_proc(odd, "garbage\n4:cpu,cpuacct:/a\n", lines, files)
     assert cpu_quota(proc) == 0.5
     assert cpu_quota(tmp_path / "absent") is None  # another operating system
 
